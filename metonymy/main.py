@@ -1,0 +1,88 @@
+"""The main job: `python -m metonymy.main --config=configs/<name>.py --workdir=DIR [--config.a.b=v]`.
+
+The config's `job` field names what to run; each job is a module with `run(config, workdir)`.
+Configs are locked: an override of a key that does not exist fails and names the key.
+"""
+
+import importlib
+import importlib.util
+import os
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Where outputs, logs and checkpoints go.")
+
+# job name -> module with run(config, workdir).
+JOBS = {
+    "backbone_smoke": "metonymy.smoke",
+}
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  config = _CONFIG.value
+  if config is None:
+    raise app.UsageError("--config=configs/<name>.py is required.")
+  if "job" not in config:
+    raise app.UsageError(f"The config has no `job` field; known jobs: {sorted(JOBS)}.")
+  if config.job not in JOBS:
+    raise app.UsageError(f"Unknown job {config.job!r}; known jobs: {sorted(JOBS)}.")
+  workdir = _WORKDIR.value or os.path.join("workdirs", config.job)
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(config.to_json_best_effort(indent=2))
+  logging.info("Running job %s in %s", config.job, workdir)
+  importlib.import_module(JOBS[config.job]).run(config, workdir)
+
+
+def _load_config_file(spec: str):
+  """Loads `path[:arg]` the way config_flags does, for checking overrides before parsing."""
+  path, _, arg = spec.partition(":")
+  module_spec = importlib.util.spec_from_file_location("_metonymy_config", path)
+  if module_spec is None or not os.path.exists(path):
+    raise app.UsageError(f"Config file not found: {path}")
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def check_overrides(argv) -> None:
+  """Fails with the full key path when a --config.a.b=v override names a key the config lacks.
+
+  config_flags itself fails on such keys too, but with a bare AttributeError; this says which
+  override, which key, and what keys exist at that level.
+  """
+  spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+  overrides = [a[len("--config."):].split("=", 1)[0] for a in argv if a.startswith("--config.")]
+  if spec is None or not overrides:
+    return
+  config = _load_config_file(spec)
+  for path in overrides:
+    node, walked = config, []
+    for part in path.split("."):
+      if not hasattr(node, "keys") or part not in node:
+        known = sorted(node.keys()) if hasattr(node, "keys") else []
+        where = ".".join(walked) or "<root>"
+        raise app.UsageError(f"Unknown config key {path!r} in --config.{path}: {where} has no "
+                             f"key {part!r}. Keys at {where}: {known}")
+      node, walked = node[part], walked + [part]
+
+
+def run():
+  flags.mark_flags_as_required(["config"])
+  try:
+    check_overrides(sys.argv[1:])
+  except app.UsageError as e:
+    sys.exit(f"error: {e}")
+  app.run(main)
+
+
+if __name__ == "__main__":
+  sys.exit(run())

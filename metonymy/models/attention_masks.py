@@ -1,0 +1,88 @@
+"""Early-masking layout: prefix copies per part, group ids, and block-diagonal attention masks.
+
+The early-masked sequence is `[prefix copy 0, ..., prefix copy K, patch tokens]`, where each copy
+holds the P prefix tokens (CLS + registers) and K is the background part. Every token belongs to
+one group: prefix copy k to group k, a patch to its part id. A token attends only to tokens of
+its own group, so part k's prefix tokens are a function of part k's pixels alone.
+"""
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def early_masking_group_ids(part_ids: jnp.ndarray, num_parts: int, num_prefix: int) -> jnp.ndarray:
+  """Group id of every token of the early-masked sequence.
+
+  Args:
+    part_ids: int [B, N] (flattened patch grid) with values in [0, num_parts]; num_parts is the
+      background.
+    num_parts: K, the number of foreground parts (static).
+    num_prefix: P, the prefix tokens per copy.
+
+  Returns:
+    int32 [B, (K + 1) * P + N].
+  """
+  batch = part_ids.shape[0]
+  prefix_groups = jnp.repeat(jnp.arange(num_parts + 1, dtype=jnp.int32), num_prefix)
+  prefix_groups = jnp.broadcast_to(prefix_groups, (batch, prefix_groups.shape[0]))
+  return jnp.concatenate([prefix_groups, part_ids.astype(jnp.int32)], axis=1)
+
+
+def block_attention_mask(group_ids: jnp.ndarray) -> jnp.ndarray:
+  """Boolean [B, 1, L, L] mask, True where query and key share a group. group_ids: [B, L]."""
+  return group_ids[:, None, :, None] == group_ids[:, None, None, :]
+
+
+def mask_to_bias(mask: jnp.ndarray, dtype=jnp.float32) -> jnp.ndarray:
+  """The additive form of a boolean mask: 0 where allowed, the dtype's lowest value where blocked.
+
+  A finite floor (not -inf) keeps rows finite under any bias arithmetic; after the softmax's max
+  subtraction exp() of it underflows to exactly 0, so blocked keys contribute exactly nothing.
+  """
+  return jnp.where(mask, jnp.zeros((), dtype), jnp.finfo(dtype).min)
+
+
+def block_attention_bias(group_ids: jnp.ndarray, dtype=jnp.float32) -> jnp.ndarray:
+  """Additive [B, 1, L, L] form of `block_attention_mask`."""
+  return mask_to_bias(block_attention_mask(group_ids), dtype)
+
+
+def soft_group_attention_bias(patch_part_probs: jnp.ndarray, num_prefix: int,
+                              eps: float = 1e-10) -> jnp.ndarray:
+  """Additive log-probability bias for soft part masks (Stage 2, "soft" variant).
+
+  Token i's membership of part k is a_i^k: one-hot for prefix copies, the Stage-1 probability
+  for patches. Query i may attend to key j with weight sum_k a_i^k a_j^k, so the bias is its
+  log: a prefix copy of part k attending to patch j gets log a_j^k, patch i attending to patch j
+  gets log sum_k a_i^k a_j^k. With one-hot probabilities this is exactly `block_attention_bias`
+  up to the floor log(eps).
+
+  Args:
+    patch_part_probs: [B, N, K + 1] probabilities over parts (rows sum to 1).
+    num_prefix: P, prefix tokens per copy.
+    eps: floor inside the log.
+
+  Returns:
+    float [B, 1, L, L] with L = (K + 1) * P + N.
+  """
+  batch, _, groups = patch_part_probs.shape
+  prefix_membership = jnp.repeat(jnp.eye(groups, dtype=patch_part_probs.dtype), num_prefix, axis=0)
+  prefix_membership = jnp.broadcast_to(prefix_membership, (batch,) + prefix_membership.shape)
+  membership = jnp.concatenate([prefix_membership, patch_part_probs], axis=1)  # [B, L, K+1]
+  affinity = jnp.einsum("bik,bjk->bij", membership, membership)
+  return jnp.log(affinity + eps)[:, None]
+
+
+def check_part_ids(part_ids: jnp.ndarray, num_parts: int) -> Optional[str]:
+  """Returns an error message if concrete part ids fall outside [0, num_parts], else None."""
+  if isinstance(part_ids, jax.core.Tracer):
+    return None
+  values = np.asarray(part_ids)
+  low, high = int(values.min()), int(values.max())
+  if low < 0 or high > num_parts:
+    return (f"part_ids must lie in [0, num_parts={num_parts}] (num_parts is the background id); "
+            f"got values in [{low}, {high}].")
+  return None

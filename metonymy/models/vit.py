@@ -1,0 +1,388 @@
+"""One Flax ViT family for DINOv1/v2/v3, CLIP, MAE and plain timm ViTs, with early masking.
+
+Pure functional: `VisionTransformer(config).apply({"params": params}, images, ...)`.
+
+Two forwards share every weight:
+  * plain:  `[prefix (CLS + registers), patches]`, full attention;
+  * early-masked (`part_ids=...`): the prefix is replicated once per part (K foreground parts +
+    background) and every layer applies the block-diagonal mask of
+    `attention_masks.block_attention_mask`, so part k's prefix copy only ever sees part k's patches.
+
+Parity with the PyTorch references (see shared notes/weight-formats.md) rests on three details:
+exact (erf) GELU, two-pass LayerNorm variance, and position-table resizing done the way each
+checkpoint's own code does it (`pos_embed.py`).
+"""
+
+import dataclasses
+import json
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from metonymy.models import attention_masks
+from metonymy.models import pos_embed as pos_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class ViTConfig:
+  """Architecture of one backbone. Hashable, JSON-serializable; saved next to converted weights."""
+  patch_size: int = 16
+  width: int = 768
+  depth: int = 12
+  num_heads: int = 12
+  mlp_dim: int = 3072
+  num_registers: int = 0
+  # Learned absolute position table over the patch grid it was trained on (the CLS position is
+  # folded into the CLS token at import); None for RoPE-only models (DINOv3).
+  pos_embed_grid: Optional[Tuple[int, int]] = (14, 14)
+  pos_embed_resize: str = "size"
+  rope_periods: Optional[Tuple[float, ...]] = None  # DINOv3 2D RoPE, read from the checkpoint.
+  layer_scale: bool = False
+  qkv_bias: bool = True
+  k_bias: bool = True  # DINOv3 masks the key bias to zero.
+  patch_bias: bool = True  # CLIP's conv1 has none.
+  ln_pre: bool = False  # CLIP normalizes the embedded sequence before block 0.
+  activation: str = "gelu"  # "gelu" (exact erf) or "quick_gelu" (CLIP).
+  norm_eps: float = 1e-6
+  projection_dim: Optional[int] = None  # CLIP's visual projection of the normed CLS.
+  image_size: int = 224  # Default input resolution (pixels, square).
+  image_mean: Tuple[float, float, float] = (0.485, 0.456, 0.406)
+  image_std: Tuple[float, float, float] = (0.229, 0.224, 0.225)
+  family: str = "vit"  # Informational: which checkpoint family this came from.
+
+  def __post_init__(self):
+    if self.width % self.num_heads:
+      raise ValueError(f"width {self.width} is not divisible by num_heads {self.num_heads}")
+    if self.activation not in ("gelu", "quick_gelu"):
+      raise ValueError(f"activation must be 'gelu' or 'quick_gelu', got {self.activation!r}")
+    if self.pos_embed_resize not in pos_lib.RESIZE_MODES:
+      raise ValueError(f"pos_embed_resize must be one of {pos_lib.RESIZE_MODES}, "
+                       f"got {self.pos_embed_resize!r}")
+
+  @property
+  def num_prefix(self) -> int:
+    return 1 + self.num_registers
+
+  @property
+  def head_dim(self) -> int:
+    return self.width // self.num_heads
+
+  def to_dict(self) -> Dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  def to_json(self) -> str:
+    return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+  @classmethod
+  def from_dict(cls, d: Dict[str, Any]) -> "ViTConfig":
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+      raise ValueError(f"Unknown ViTConfig keys {unknown}; known keys are {sorted(known)}.")
+    d = dict(d)
+    for key in ("pos_embed_grid", "rope_periods", "image_mean", "image_std"):
+      if d.get(key) is not None:
+        d[key] = tuple(d[key])
+    return cls(**d)
+
+  def replace(self, **kwargs) -> "ViTConfig":
+    return dataclasses.replace(self, **kwargs)
+
+
+# Architectures by name, for random-init runs and benchmarks. Imported checkpoints carry their own.
+PRESETS: Dict[str, ViTConfig] = {
+    "vit_tiny_test": ViTConfig(patch_size=8, width=64, depth=2, num_heads=4, mlp_dim=128,
+                               pos_embed_grid=(4, 4), image_size=32),
+    "vit_s16": ViTConfig(patch_size=16, width=384, depth=12, num_heads=6, mlp_dim=1536),
+    "vit_b16": ViTConfig(),
+    "vit_b14_reg4": ViTConfig(patch_size=14, num_registers=4, pos_embed_grid=(37, 37),
+                              pos_embed_resize="size_antialias", layer_scale=True, image_size=224),
+    "vit_b16_dinov3": ViTConfig(num_registers=4, pos_embed_grid=None,
+                                rope_periods=pos_lib.rope_periods(64), layer_scale=True,
+                                k_bias=False, norm_eps=1e-5),
+}
+
+
+def get_config(name: str, **overrides) -> ViTConfig:
+  if name not in PRESETS:
+    raise ValueError(f"Unknown ViT preset {name!r}; known presets: {sorted(PRESETS)}.")
+  return PRESETS[name].replace(**overrides)
+
+
+def _layer_norm(config: ViTConfig, name: str) -> nn.LayerNorm:
+  # use_fast_variance=False: E[x^2]-E[x]^2 loses ~3e-4 on real activations with large means.
+  return nn.LayerNorm(epsilon=config.norm_eps, use_fast_variance=False, name=name)
+
+
+class Attention(nn.Module):
+  """Multi-head self-attention with a fused qkv projection, optional RoPE on the patch tokens."""
+  config: ViTConfig
+  dtype: Any = jnp.float32
+  attention_impl: Optional[str] = None
+
+  @nn.compact
+  def __call__(self, x, mask=None, bias=None, rope=None):
+    """x: [B, L, D]; mask: bool [B, 1, L, L]; bias: float [B, 1|H, L, L]; rope: (sin, cos)."""
+    cfg = self.config
+    heads, head_dim = cfg.num_heads, cfg.head_dim
+    kernel = self.param("qkv_kernel", nn.initializers.lecun_normal(batch_axis=()),
+                        (cfg.width, 3, heads, head_dim))
+    qkv = jnp.einsum("bld,dthe->blthe", x, kernel.astype(self.dtype))
+    if cfg.qkv_bias:
+      qkv_bias = self.param("qkv_bias", nn.initializers.zeros, (3, heads, head_dim))
+      if not cfg.k_bias:
+        qkv_bias = qkv_bias * jnp.array([1.0, 0.0, 1.0])[:, None, None]
+      qkv = qkv + qkv_bias.astype(self.dtype)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    if rope is not None:
+      # Patch tokens are always the last N tokens; prefix tokens are not rotated.
+      sin, cos = rope
+      num_patches = sin.shape[-2]
+      q = jnp.concatenate([q[:, :-num_patches], pos_lib.apply_rope(q[:, -num_patches:], sin, cos)], 1)
+      k = jnp.concatenate([k[:, :-num_patches], pos_lib.apply_rope(k[:, -num_patches:], sin, cos)], 1)
+    out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask,
+                                       implementation=self.attention_impl)
+    out_kernel = self.param("out_kernel", nn.initializers.lecun_normal(batch_axis=()),
+                            (heads, head_dim, cfg.width))
+    out = jnp.einsum("blhe,hed->bld", out, out_kernel.astype(self.dtype))
+    out_bias = self.param("out_bias", nn.initializers.zeros, (cfg.width,))
+    return out + out_bias.astype(self.dtype)
+
+
+class Mlp(nn.Module):
+  config: ViTConfig
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(self.config.mlp_dim, dtype=self.dtype, name="fc1")(x)
+    if self.config.activation == "quick_gelu":
+      x = x * jax.nn.sigmoid(1.702 * x)
+    else:
+      x = jax.nn.gelu(x, approximate=False)
+    return nn.Dense(self.config.width, dtype=self.dtype, name="fc2")(x)
+
+
+class LayerScale(nn.Module):
+  width: int
+
+  @nn.compact
+  def __call__(self, x):
+    return x * self.param("gamma", nn.initializers.constant(1e-5), (self.width,)).astype(x.dtype)
+
+
+class Block(nn.Module):
+  """Pre-norm transformer block: x += ls1 * attn(norm1(x)); x += ls2 * mlp(norm2(x))."""
+  config: ViTConfig
+  dtype: Any = jnp.float32
+  attention_impl: Optional[str] = None
+
+  @nn.compact
+  def __call__(self, x, mask=None, bias=None, rope=None):
+    cfg = self.config
+    y = Attention(cfg, self.dtype, self.attention_impl, name="attn")(
+        _layer_norm(cfg, "norm1")(x), mask, bias, rope)
+    if cfg.layer_scale:
+      y = LayerScale(cfg.width, name="ls1")(y)
+    x = x + y
+    y = Mlp(cfg, self.dtype, name="mlp")(_layer_norm(cfg, "norm2")(x))
+    if cfg.layer_scale:
+      y = LayerScale(cfg.width, name="ls2")(y)
+    return x + y
+
+
+class VisionTransformer(nn.Module):
+  """ViT backbone with plain and early-masked forwards.
+
+  Attributes:
+    config: the architecture.
+    dtype: compute dtype (parameters stay float32).
+    attention_impl: passed to `jax.nn.dot_product_attention` (None = XLA; "cudnn" on GPUs).
+    pad_to_multiple: pad the sequence with masked-out tokens to a multiple of this (cuDNN wants
+      even lengths with masks). Padding never changes the real tokens' values.
+  """
+  config: ViTConfig
+  dtype: Any = jnp.float32
+  attention_impl: Optional[str] = None
+  pad_to_multiple: int = 1
+
+  def setup(self):
+    cfg = self.config
+    self.patch_embed = nn.Conv(cfg.width, (cfg.patch_size,) * 2, strides=(cfg.patch_size,) * 2,
+                               padding="VALID", use_bias=cfg.patch_bias, dtype=self.dtype,
+                               name="patch_embed")
+    init = nn.initializers.normal(0.02)
+    self.cls_token = self.param("cls_token", init, (1, 1, cfg.width))
+    if cfg.num_registers:
+      self.register_tokens = self.param("register_tokens", init, (1, cfg.num_registers, cfg.width))
+    if cfg.pos_embed_grid is not None:
+      grid_h, grid_w = cfg.pos_embed_grid
+      self.pos_embed = self.param("pos_embed", init, (1, grid_h * grid_w, cfg.width))
+    if cfg.ln_pre:
+      self.ln_pre = _layer_norm(cfg, "ln_pre")
+    self.blocks = [Block(cfg, self.dtype, self.attention_impl, name=f"blocks_{i}")
+                   for i in range(cfg.depth)]
+    self.norm = _layer_norm(cfg, "norm")
+    if cfg.projection_dim:
+      self.projection = self.param("projection", nn.initializers.lecun_normal(),
+                                   (cfg.width, cfg.projection_dim))
+
+  def patch_grid(self, image_shape: Sequence[int]) -> Tuple[int, int]:
+    """(h, w) patch grid of images [B, H, W, 3]; H and W must be multiples of the patch size."""
+    height, width = image_shape[1], image_shape[2]
+    p = self.config.patch_size
+    if height % p or width % p:
+      raise ValueError(f"Image size {height}x{width} is not a multiple of the patch size {p}.")
+    return height // p, width // p
+
+  def embed(self, images: jnp.ndarray):
+    """Tokens before the first block.
+
+    Args:
+      images: float [B, H, W, 3], already normalized.
+
+    Returns:
+      prefix_tokens [B, P, D], patch_tokens [B, N, D], and rope (sin, cos) [N, head_dim] or None.
+    """
+    cfg = self.config
+    grid = self.patch_grid(images.shape)
+    patches = self.patch_embed(images.astype(self.dtype))
+    batch = patches.shape[0]
+    patches = patches.reshape(batch, grid[0] * grid[1], cfg.width)
+    if cfg.pos_embed_grid is not None:
+      table = pos_lib.resize_grid_embedding(self.pos_embed, cfg.pos_embed_grid, grid,
+                                            cfg.pos_embed_resize)
+      patches = patches + table.astype(self.dtype)
+    prefix = [self.cls_token]
+    if cfg.num_registers:
+      prefix.append(self.register_tokens)
+    prefix = jnp.broadcast_to(jnp.concatenate(prefix, axis=1).astype(self.dtype),
+                              (batch, cfg.num_prefix, cfg.width))
+    rope = None
+    if cfg.rope_periods is not None:
+      rope = tuple(jnp.asarray(t) for t in pos_lib.rope_sin_cos(grid, cfg.rope_periods))
+    return prefix, patches, rope
+
+  def encode(self, tokens: jnp.ndarray, rope=None, mask=None, bias=None,
+             return_intermediates: bool = False):
+    """Runs the blocks and the final norm on an embedded sequence.
+
+    Args:
+      tokens: [B, L, D]: prefix tokens first, patch tokens last.
+      rope: (sin, cos) of shape [N, head_dim] or [B, N, head_dim] for the last N tokens.
+      mask: bool [B, 1, L, L], True = attend. bias: additive float [B, 1|H, L, L].
+      return_intermediates: also return every block's output (before the final norm).
+
+    Returns:
+      normed tokens [B, L, D], and a list of [B, L, D] intermediates (empty unless requested).
+    """
+    length = tokens.shape[1]
+    padded = -length % self.pad_to_multiple
+    if padded:
+      tokens = jnp.pad(tokens, ((0, 0), (0, padded), (0, 0)))
+      if rope is not None:  # Rotary tables cover the last tokens: padding gets the identity.
+        sin, cos = rope
+        pad_rows = [(0, 0)] * (sin.ndim - 2) + [(0, padded), (0, 0)]
+        rope = (jnp.pad(sin, pad_rows), jnp.pad(cos, pad_rows, constant_values=1.0))
+      valid = jnp.arange(length + padded) < length
+      key_mask = jnp.broadcast_to(valid[None, None, None, :], (tokens.shape[0], 1, 1, length + padded))
+      if mask is None:
+        mask = key_mask
+      else:
+        mask = jnp.pad(mask, ((0, 0), (0, 0), (0, padded), (0, padded))) & key_mask
+      if bias is not None:
+        bias = jnp.pad(bias, ((0, 0), (0, 0), (0, padded), (0, padded)))
+    x = tokens
+    if self.config.ln_pre:
+      x = self.ln_pre(x)
+    intermediates = []
+    for block in self.blocks:
+      x = block(x, mask, bias, rope)
+      if return_intermediates:
+        intermediates.append(x[:, :length])
+    return self.norm(x)[:, :length], intermediates
+
+  def __call__(self, images: jnp.ndarray, part_ids: Optional[jnp.ndarray] = None,
+               num_parts: Optional[int] = None, attention_bias: Optional[jnp.ndarray] = None,
+               return_intermediates: bool = False) -> Dict[str, Any]:
+    """Plain or early-masked forward.
+
+    Args:
+      images: float32 [B, H, W, 3], already normalized.
+      part_ids: optional int [B, h, w] on the patch grid, values in [0, K]; K is the background.
+        Switches on early masking: K + 1 prefix copies and a block-diagonal mask in every layer.
+      num_parts: K (static). Required under jit; inferred as max(part_ids) for concrete inputs.
+      attention_bias: optional additive bias [B, 1|H, L, L] over the early-masked sequence,
+        used instead of the boolean block mask (Stage 2's soft masks). Needs part_ids for layout.
+      return_intermediates: also return per-block tokens (before the final norm).
+
+    Returns:
+      A dict with `prefix_tokens [B, P, D]` (plain) or `[B, (K+1) P, D]` (early), `patch_tokens
+      [B, N, D]`, in the early forward `part_tokens [B, K+1, P, D]`, with `projection` `[B, E]`
+      (or `[B, K+1, E]`) for models with a CLS projection, and `intermediates` when asked.
+    """
+    cfg = self.config
+    prefix, patches, rope = self.embed(images)
+    batch, num_patches = patches.shape[:2]
+    out = {}
+    if part_ids is None:
+      if attention_bias is not None:
+        raise ValueError("attention_bias needs part_ids: it is laid out over the early-masked sequence.")
+      tokens, intermediates = self.encode(jnp.concatenate([prefix, patches], 1), rope,
+                                          return_intermediates=return_intermediates)
+      out["prefix_tokens"] = tokens[:, :cfg.num_prefix]
+      cls = tokens[:, 0]
+    else:
+      grid = self.patch_grid(images.shape)
+      if part_ids.shape != (batch,) + grid:
+        raise ValueError(f"part_ids must have shape [B, h, w] = {(batch,) + grid} on the patch grid, "
+                         f"got {part_ids.shape}.")
+      if num_parts is None:
+        if isinstance(part_ids, jax.core.Tracer):
+          raise ValueError("num_parts must be given when part_ids is traced (e.g. under jit).")
+        num_parts = int(np.max(np.asarray(part_ids)))
+      error = attention_masks.check_part_ids(part_ids, num_parts)
+      if error:
+        raise ValueError(error)
+      groups = num_parts + 1
+      flat_ids = part_ids.reshape(batch, num_patches)
+      prefix_copies = jnp.tile(prefix, (1, groups, 1))  # [B, (K+1) P, D], copy-major.
+      group_ids = attention_masks.early_masking_group_ids(flat_ids, num_parts, cfg.num_prefix)
+      mask = attention_masks.block_attention_mask(group_ids) if attention_bias is None else None
+      tokens, intermediates = self.encode(jnp.concatenate([prefix_copies, patches], 1), rope,
+                                          mask=mask, bias=attention_bias,
+                                          return_intermediates=return_intermediates)
+      num_prefix_tokens = groups * cfg.num_prefix
+      out["prefix_tokens"] = tokens[:, :num_prefix_tokens]
+      out["part_tokens"] = out["prefix_tokens"].reshape(batch, groups, cfg.num_prefix, cfg.width)
+      cls = out["part_tokens"][:, :, 0]
+    out["patch_tokens"] = tokens[:, -num_patches:]
+    if cfg.projection_dim:
+      out["projection"] = cls @ self.projection.astype(cls.dtype)
+    if return_intermediates:
+      out["intermediates"] = intermediates
+    return out
+
+
+def init_params(config: ViTConfig, rng: Optional[jax.Array] = None, image_size: Optional[int] = None):
+  """Random parameters for `config` (shape inference only touches one small image)."""
+  rng = jax.random.PRNGKey(0) if rng is None else rng
+  size = image_size or config.image_size
+  model = VisionTransformer(config)
+  return model, jax.jit(model.init)(rng, jnp.zeros((1, size, size, 3), jnp.float32))["params"]
+
+
+def param_shapes(config: ViTConfig, image_size: Optional[int] = None):
+  """The parameter tree of `config` as ShapeDtypeStructs, without allocating anything."""
+  size = image_size or config.image_size
+  size = size - size % config.patch_size or config.patch_size
+  model = VisionTransformer(config)
+  return jax.eval_shape(model.init, jax.random.PRNGKey(0),
+                        jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32))["params"]
+
+
+def count_params(params) -> int:
+  return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))

@@ -1,0 +1,8 @@
+"""Test setup. Nothing here may touch a JAX backend before the test modules configure it."""
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
