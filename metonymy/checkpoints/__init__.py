@@ -20,6 +20,9 @@ from metonymy.models import vit
 
 # Layout modules register themselves on import.
 from metonymy.checkpoints import timm_style  # noqa: F401  pylint: disable=unused-import
+from metonymy.checkpoints import hf_vit  # noqa: F401  pylint: disable=unused-import
+from metonymy.checkpoints import dinov3  # noqa: F401  pylint: disable=unused-import
+from metonymy.checkpoints import clip  # noqa: F401  pylint: disable=unused-import
 
 __all__ = ["CheckpointError", "convert_checkpoint", "load_backbone", "save_converted"]
 

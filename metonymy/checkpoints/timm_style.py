@@ -49,8 +49,9 @@ def sincos_2d_table(grid: int, width: int) -> np.ndarray:
 
 def _is_timm_style(raw: RawCheckpoint) -> bool:
   keys = raw.tensors
+  # DINOv3 shares these names but has no absolute table (RoPE), so pos_embed is required.
   return ("patch_embed.proj.weight" in keys and "blocks.0.attn.qkv.weight" in keys
-          and "cls_token" in keys)
+          and "cls_token" in keys and "pos_embed" in keys)
 
 
 def _has_layer_scale(raw: RawCheckpoint) -> bool:
