@@ -1,0 +1,1 @@
+"""Data: the synthetic parts world and the CUB / CelebA / CheXpert sources and pipelines."""
