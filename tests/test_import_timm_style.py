@@ -249,3 +249,14 @@ def test_convert_cli_round_trip(tmp_path):
                         str(tmp_path / "missing.pth"), "--output", out_dir],
                        capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
   assert bad.returncode != 0 and "missing.pth" in bad.stderr
+
+
+def test_torchscript_archives_are_read_as_state_dicts(tmp_path):
+  """OpenAI's CLIP files are TorchScript archives, which torch.load(weights_only=True) refuses."""
+  from metonymy.checkpoints import io
+  module = torch.jit.script(torch.nn.Linear(3, 4))
+  path = str(tmp_path / "scripted.pt")
+  module.save(path)
+  tensors = io.read_file(path)
+  assert sorted(tensors) == ["bias", "weight"]
+  np.testing.assert_array_equal(tensors["weight"], module.weight.detach().numpy())

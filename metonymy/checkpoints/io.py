@@ -78,7 +78,15 @@ def _read_torch(path: str) -> Dict[str, np.ndarray]:
   try:
     obj = torch.load(path, map_location="cpu", weights_only=True)
   except Exception as e:  # torch raises many types for corrupt or unsafe files.
-    raise CheckpointError(f"{path}: torch.load(weights_only=True) failed: {e}") from e
+    if "TorchScript" not in str(e):
+      raise CheckpointError(f"{path}: torch.load(weights_only=True) failed: {e}") from e
+    # OpenAI's released CLIP files are TorchScript archives, which weights_only refuses. A
+    # TorchScript archive holds serialized TorchScript, not arbitrary Python pickles.
+    try:
+      obj = torch.jit.load(path, map_location="cpu").state_dict()
+    except Exception as jit_error:
+      raise CheckpointError(f"{path}: neither a weights-only torch file nor a loadable "
+                            f"TorchScript archive: {jit_error}") from jit_error
   return {k: _to_numpy(v) for k, v in _unwrap(obj, path).items()}
 
 

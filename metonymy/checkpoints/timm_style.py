@@ -49,9 +49,10 @@ def sincos_2d_table(grid: int, width: int) -> np.ndarray:
 
 def _is_timm_style(raw: RawCheckpoint) -> bool:
   keys = raw.tensors
-  # DINOv3 shares these names but has no absolute table (RoPE), so pos_embed is required.
+  # DINOv3 shares these names but has no absolute table (RoPE), so pos_embed is required;
+  # timm's CLIP towers are the only timm ViTs with a pre-norm (`norm_pre`): clip.py takes them.
   return ("patch_embed.proj.weight" in keys and "blocks.0.attn.qkv.weight" in keys
-          and "cls_token" in keys and "pos_embed" in keys)
+          and "cls_token" in keys and "pos_embed" in keys and "norm_pre.weight" not in keys)
 
 
 def _has_layer_scale(raw: RawCheckpoint) -> bool:
