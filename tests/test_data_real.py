@@ -1,0 +1,553 @@
+"""Real-dataset readers (CUB, CelebA, CheXpert + CheXlocalize) on miniature official layouts."""
+
+import collections
+import json
+import pickle
+import shutil
+
+import numpy as np
+import pytest
+
+from metonymy.data import base, celeba, chexpert, cub, groupings
+from tests import data_fixtures as fx
+
+# ------------------------------------------------------------------------------------------------
+# Groupings vs the paper's tables.
+
+
+def test_cub_table_s9_counts():
+  counts = collections.Counter()
+  for _, part, values in groupings.CUB_ATTRIBUTE_TABLE:
+    counts[part] += len(values)
+  assert dict(counts) == groupings.CUB_PART_COUNTS
+  assert sum(counts.values()) == groupings.CUB_NUM_ATTRIBUTES == 248
+  assert list(groupings.CUB_PART_COUNTS) == list(groupings.CUB_PARTS)
+  assert len(set(groupings.CUB_ATTRIBUTES)) == 248
+  info = cub.dataset_info()
+  assert info.attribute_groups() == groupings.CUB_PART_COUNTS
+  # Every Table S9 name exists in CUB's real vocabulary; what is left out is exactly the 64
+  # holistic attributes.
+  real = set(fx.CUB_FILE_ATTRIBUTE_NAMES)
+  assert len(real) == 312 and set(groupings.CUB_ATTRIBUTES) <= real
+  left_out = {groupings.cub_attribute_prefix(a) for a in real - set(groupings.CUB_ATTRIBUTES)}
+  assert left_out == set(groupings.CUB_EXCLUDED_PREFIXES)
+  assert len(real - set(groupings.CUB_ATTRIBUTES)) == 64
+
+
+def test_cub_keypoint_merge_table_s7():
+  members = [m for g in groupings.CUB_KEYPOINT_GROUPS for m in groupings.CUB_KEYPOINT_MERGE[g]]
+  assert sorted(members) == sorted(groupings.CUB_KEYPOINTS)  # Each of the 15 used exactly once.
+  assert len(groupings.CUB_KEYPOINT_MERGE["head"]) == 7  # beak, crown, 2 eyes, forehead, ...
+  assert groupings.CUB_KEYPOINT_GROUPS == groupings.CUB_PARTS
+  for a, b in groupings.CUB_KEYPOINT_FLIP_PAIRS:
+    left, right = groupings.CUB_KEYPOINTS[a], groupings.CUB_KEYPOINTS[b]
+    assert left.replace("left", "right") == right
+
+
+def test_celeba_table_s8_counts():
+  counts = {part: len(attrs) for part, attrs in groupings.CELEBA_ATTRIBUTE_TABLE}
+  assert counts == groupings.CELEBA_PART_COUNTS
+  assert sum(counts.values()) == groupings.CELEBA_NUM_ATTRIBUTES == 32
+  assert celeba.dataset_info().attribute_groups() == groupings.CELEBA_PART_COUNTS
+  raw = set(groupings.CELEBA_RAW_ATTRIBUTES)
+  assert len(raw) == 40 and set(groupings.CELEBA_ATTRIBUTES) <= raw
+  assert raw - set(groupings.CELEBA_ATTRIBUTES) == set(groupings.CELEBA_EXCLUDED)
+  assert groupings.CELEBA_KEYPOINT_GROUPS == ("eye", "nose", "mouth")
+
+
+def test_chexpert_tasks():
+  assert len(groupings.CHEXPERT_OBSERVATIONS) == 14
+  assert len(groupings.CHEXPERT_TASKS) == 10
+  assert set(groupings.CHEXPERT_TASKS) <= set(groupings.CHEXPERT_OBSERVATIONS)
+  assert "Airspace Opacity" in groupings.CHEXLOCALIZE_TASKS
+  assert "Lung Opacity" not in groupings.CHEXLOCALIZE_TASKS
+  info = chexpert.dataset_info()
+  assert info.mask_tasks == info.attribute_names == groupings.CHEXPERT_TASKS
+
+
+def test_merge_keypoints_mean_of_visible():
+  xy = np.array([[[0, 0], [2, 4], [10, 10]]], np.float32)
+  vis = np.array([[True, True, False]])
+  out, ov = groupings.merge_keypoints(xy, vis, ((0, 1), (2,), (0, 2)))
+  np.testing.assert_allclose(out[0], [[1, 2], [0, 0], [0, 0]])
+  assert ov[0].tolist() == [True, False, True]
+
+
+# ------------------------------------------------------------------------------------------------
+# CUB
+
+
+@pytest.fixture(scope="module")
+def cub_data(tmp_path_factory):
+  return fx.make_cub(tmp_path_factory.mktemp("cub"))
+
+
+def _cub_expected_keypoints(data, n):
+  out, vis = np.zeros((7, 2)), np.zeros(7, bool)
+  for g, group in enumerate(groupings.CUB_KEYPOINT_GROUPS):
+    pts = [data.keypoints[n, groupings.CUB_KEYPOINTS.index(m)]
+           for m in groupings.CUB_KEYPOINT_MERGE[group]
+           if data.visible[n, groupings.CUB_KEYPOINTS.index(m)]]
+    if pts:
+      out[g], vis[g] = np.mean(pts, 0), True
+  return out, vis
+
+
+@pytest.mark.parametrize("split", cub.SPLITS)
+def test_cub_source(cub_data, split):
+  src = cub.make_source(cub_data.root, split)
+  rows = np.flatnonzero(cub_data.is_train == (split == "train"))
+  assert len(src) == len(rows) == 12
+  assert src.info.num_attributes == 248
+  file_col = {name: a for a, name in enumerate(fx.CUB_FILE_ATTRIBUTE_NAMES)}
+  cols = [file_col[a] for a in groupings.CUB_ATTRIBUTES]
+  for i, n in enumerate(rows):
+    ex = src[i]
+    w, h = cub_data.image_size
+    assert ex["image"].shape == (h, w, 3) and ex["image"].dtype == np.uint8
+    assert ex["label"] == cub_data.classes[n] - 1 and ex["label"].dtype == np.int32
+    assert ex["index"] == i
+    np.testing.assert_array_equal(ex["attributes"], cub_data.present[n, cols])
+    assert ex["attribute_valid"].all()
+    kp, vis = _cub_expected_keypoints(cub_data, n)
+    np.testing.assert_allclose(ex["keypoints"], kp, atol=1e-5)
+    np.testing.assert_array_equal(ex["keypoint_visible"], vis)
+  with pytest.raises(IndexError):
+    src[len(src)]
+
+
+def test_cub_keypoints_no_visible_and_all_visible(cub_data):
+  for split in cub.SPLITS:
+    src = cub.make_source(cub_data.root, split)
+    for i, image_id in enumerate(src.image_ids):
+      if image_id == 1:  # No part visible -> every group invisible at (0, 0).
+        ex = src[i]
+        assert not ex["keypoint_visible"].any() and not ex["keypoints"].any()
+      if image_id == 2:  # All visible -> head = mean of its 7 members.
+        ex = src[i]
+        head = [cub_data.keypoints[1, groupings.CUB_KEYPOINTS.index(m)]
+                for m in groupings.CUB_KEYPOINT_MERGE["head"]]
+        np.testing.assert_allclose(ex["keypoints"][3], np.mean(head, 0), atol=1e-5)
+
+
+def test_cub_roots_and_attributes_inside(cub_data, tmp_path):
+  a = cub.make_source(cub_data.root, "test")
+  b = cub.make_source(cub_data.dataset_dir, "test")
+  assert a.paths == b.paths
+  inside = fx.make_cub(tmp_path, attributes_beside=False, n_images=6, extra_field_lines=0)
+  src = cub.make_source(inside.dataset_dir, "train")
+  assert len(src) == 3
+  report = cub.check(inside.root)
+  assert not any("sixth" in w for w in report.warnings)
+
+
+def test_cub_check(cub_data):
+  report = cub.check(cub_data.root, verify_images=-1)
+  assert report.dataset == "cub"
+  assert report.splits == {"train": 12, "test": 12}
+  assert report.num_attributes == 248
+  assert report.attribute_groups == groupings.CUB_PART_COUNTS
+  assert report.keypoint_groups == list(groupings.CUB_PARTS)
+  extra = [w for w in report.warnings if "sixth field" in w]
+  assert len(extra) == 1 and f": {cub_data.extra_field_lines} line" in extra[0]
+  json.dumps(report.to_dict())
+
+
+def test_cub_ignore_not_visible(cub_data):
+  src = cub.make_source(cub_data.root, "train", ignore_not_visible=True)
+  n = np.flatnonzero(cub_data.is_train)[0]
+  file_col = {name: a for a, name in enumerate(fx.CUB_FILE_ATTRIBUTE_NAMES)}
+  cols = [file_col[a] for a in groupings.CUB_ATTRIBUTES]
+  np.testing.assert_array_equal(src[0]["attribute_valid"], cub_data.certainty[n, cols] != 1)
+
+
+def _replace_line(path, lineno, text):
+  lines = path.read_text().splitlines()
+  lines[lineno - 1] = text
+  path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("rel,lineno,text", [
+    ("attributes/image_attribute_labels.txt", 40, "1 40 1"),
+    ("attributes/image_attribute_labels.txt", 41, "1 41 x 3 0.0"),
+    ("attributes/image_attribute_labels.txt", 42, "1 42 7 3 0.0"),
+    ("parts/part_locs.txt", 5, "1 5 abc 2.0 1"),
+    ("images.txt", 3, "3"),
+    ("train_test_split.txt", 4, "4 2"),
+    ("image_class_labels.txt", 2, "2 1 9"),
+])
+def test_cub_malformed_line_names_file_and_line(tmp_path, rel, lineno, text):
+  data = fx.make_cub(tmp_path, n_images=4, extra_field_lines=0)
+  _replace_line(data.dataset_dir / rel, lineno, text)
+  with pytest.raises(base.DataError, match=rf"{rel.split('/')[-1]}:{lineno}:"):
+    cub.make_source(data.root, "train")
+
+
+@pytest.mark.parametrize("rel", ["parts/part_locs.txt", "bounding_boxes.txt",
+                                 "attributes/image_attribute_labels.txt", "../attributes.txt"])
+def test_cub_missing_file(tmp_path, rel):
+  data = fx.make_cub(tmp_path, n_images=4, extra_field_lines=0)
+  (data.dataset_dir / rel).unlink()
+  with pytest.raises(base.DataError, match=rf"missing required file.*{rel.split('/')[-1]}"):
+    cub.make_source(data.root, "test")
+
+
+def test_cub_bad_root(tmp_path):
+  with pytest.raises(base.DataError, match="images.txt"):
+    cub.make_source(tmp_path, "train")
+  with pytest.raises(ValueError, match="splits"):
+    cub.make_source(fx.make_cub(tmp_path, n_images=4).root, "val")
+
+
+def test_cub_corrupt_and_missing_image(tmp_path):
+  data = fx.make_cub(tmp_path, n_images=4, extra_field_lines=0)
+  src = cub.make_source(data.root, "train")
+  bad = src.image_path(0)
+  fx.corrupt_file(bad)
+  with pytest.raises(base.DataError, match=f"corrupt image: {bad}"):
+    src[0]
+  with pytest.raises(base.DataError, match=str(bad)):
+    cub.check(data.root, verify_images=-1)
+  bad.unlink()
+  with pytest.raises(base.DataError, match=str(bad)):
+    cub.check(data.root, verify_images=0)
+
+
+def test_cub_source_pickles(cub_data):
+  src = cub.make_source(cub_data.root, "test")
+  again = pickle.loads(pickle.dumps(src))
+  np.testing.assert_array_equal(again[2]["attributes"], src[2]["attributes"])
+
+
+# ------------------------------------------------------------------------------------------------
+# CelebA
+
+
+@pytest.fixture(scope="module", params=["official", "flat"])
+def celeba_data(request, tmp_path_factory):
+  return fx.make_celeba(tmp_path_factory.mktemp(f"celeba_{request.param}"), layout=request.param)
+
+
+def test_celeba_splits_attributes_keypoints(celeba_data):
+  raw_col = [groupings.CELEBA_RAW_ATTRIBUTES.index(a) for a in groupings.CELEBA_ATTRIBUTES]
+  w, h = celeba_data.image_size
+  sizes = {}
+  for s, split in enumerate(celeba.SPLITS):
+    src = celeba.make_source(celeba_data.root, split)
+    rows = np.flatnonzero(celeba_data.split == s)
+    sizes[split] = len(src)
+    assert src.files == [celeba_data.files[r] for r in rows]
+    for i, n in enumerate(rows):
+      ex = src[i]
+      assert ex["image"].shape == (h, w, 3)
+      np.testing.assert_array_equal(ex["attributes"], celeba_data.attrs[n, raw_col] > 0)
+      assert ex["attributes"].shape == (32,) and ex["attribute_valid"].all()
+      lm = celeba_data.landmarks[n]
+      expected = np.stack([(lm[0] + lm[1]) / 2, lm[2], (lm[3] + lm[4]) / 2])
+      np.testing.assert_allclose(ex["keypoints"], expected)
+      inside = ((expected >= 0) & (expected < [w, h])).all(-1)
+      np.testing.assert_array_equal(ex["keypoint_visible"], inside)
+      assert ex["label"] == celeba_data.identity[n] - 1
+  assert sizes == {"train": 18, "val": 6, "test": 6}
+  last = celeba.make_source(celeba_data.root, "test")[-1]
+  assert last["keypoint_visible"].tolist() == [True, False, True]  # The nose is off the image.
+  report = celeba.check(celeba_data.root, verify_images=-1)
+  assert report.splits == sizes and report.num_attributes == 32
+  assert report.attribute_groups == groupings.CELEBA_PART_COUNTS
+  assert report.keypoint_groups == ["eye", "nose", "mouth"] and report.warnings == []
+
+
+def test_celeba_torchvision_parent_root(tmp_path):
+  data = fx.make_celeba(tmp_path / "celeba", layout="flat", n_images=10)
+  assert len(celeba.make_source(tmp_path, "train")) == len(celeba.make_source(data.root, "train"))
+
+
+def test_celeba_without_identity(tmp_path):
+  data = fx.make_celeba(tmp_path, n_images=10, identity=False)
+  src = celeba.make_source(data.root, "train")
+  assert "label" not in src[0]
+  assert any("identity" in w for w in celeba.check(data.root).warnings)
+
+
+@pytest.mark.parametrize("name,lineno,text,match", [
+    ("list_attr_celeba.txt", 5, "000003.jpg " + " ".join(["1"] * 39 + ["2"]), "1 or -1"),
+    ("list_attr_celeba.txt", 6, "000004.jpg " + " ".join(["1"] * 39), "expected 41 fields"),
+    ("list_attr_celeba.txt", 1, "11", "count line says 11"),
+    ("list_landmarks_align_celeba.txt", 4, "000002.jpg 1 2 3 4 5 6 7 8 9 z", "not a number"),
+    ("list_landmarks_align_celeba.txt", 2, "a b c d e f g h i j", "header"),
+    ("list_eval_partition.txt", 3, "000003.jpg 5", "partition 5"),
+])
+def test_celeba_malformed(tmp_path, name, lineno, text, match):
+  data = fx.make_celeba(tmp_path, n_images=10)
+  folder = data.eval_dir if name == "list_eval_partition.txt" else data.anno_dir
+  _replace_line(folder / name, lineno, text)
+  with pytest.raises(base.DataError, match=rf"{name}:{lineno}:.*{match}"):
+    celeba.make_source(data.root, "train")
+
+
+def test_celeba_missing_file_and_row(tmp_path):
+  data = fx.make_celeba(tmp_path / "a", n_images=10)
+  (data.anno_dir / "list_landmarks_align_celeba.txt").unlink()
+  with pytest.raises(base.DataError, match="missing required file.*list_landmarks_align"):
+    celeba.make_source(data.root, "train")
+  data = fx.make_celeba(tmp_path / "b", n_images=10)
+  lines = (data.anno_dir / "list_attr_celeba.txt").read_text().splitlines()
+  lines[0] = "9"
+  del lines[4]  # 000003.jpg has no attribute row.
+  (data.anno_dir / "list_attr_celeba.txt").write_text("\n".join(lines) + "\n")
+  with pytest.raises(base.DataError, match="list_attr_celeba.txt: no line for '000003.jpg'"):
+    celeba.make_source(data.root, "train")
+
+
+def test_celeba_corrupt_image(tmp_path):
+  data = fx.make_celeba(tmp_path, n_images=10)
+  src = celeba.make_source(data.root, "val")
+  fx.corrupt_file(src.image_path(1))
+  with pytest.raises(base.DataError, match=f"corrupt image: {src.image_path(1)}"):
+    src[1]
+
+
+# ------------------------------------------------------------------------------------------------
+# RLE
+
+
+def _random_masks(rng):
+  yield np.zeros((5, 7), bool)
+  yield np.ones((4, 3), bool)
+  m = np.zeros((6, 5), bool)
+  m[0, 0] = True  # Starts with a 1: the first run of 0s is empty.
+  yield m
+  for shape in ((1, 1), (3, 8), (37, 29), (64, 48)):
+    for p in (0.05, 0.5, 0.95):
+      yield rng.random(shape) < p
+  big = np.zeros((300, 250), bool)
+  big[40:260, 30:200] = True  # Long runs: multi-group counts and negative deltas.
+  big[100:120, :] = False
+  yield big
+
+
+def test_rle_fortran_order_by_hand():
+  # Column-major: counts [2, 2] fill column 0 with 0s and column 1 with 1s.
+  m = chexpert.rle_decode({"size": [2, 2], "counts": "22"})
+  np.testing.assert_array_equal(m, [[False, True], [False, True]])
+  assert chexpert.rle_encode(m) == {"size": [2, 2], "counts": "22"}
+
+
+def test_rle_round_trip():
+  rng = np.random.default_rng(0)
+  for m in _random_masks(rng):
+    rle = chexpert.rle_encode(m)
+    assert isinstance(rle["counts"], str)
+    np.testing.assert_array_equal(chexpert.rle_decode(rle), m)
+    # Uncompressed counts (a list) decode too.
+    counts = chexpert.rle_counts_from_string(rle["counts"])
+    assert counts.sum() == m.size
+    np.testing.assert_array_equal(
+        chexpert.rle_decode({"size": list(m.shape), "counts": counts.tolist()}), m)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # pycocotools vs NumPy 2.
+def test_rle_matches_pycocotools():
+  mask_api = pytest.importorskip("pycocotools.mask")
+  rng = np.random.default_rng(1)
+  for m in _random_masks(rng):
+    theirs = mask_api.encode(np.asfortranarray(m.astype(np.uint8)))
+    ours = chexpert.rle_encode(m)
+    assert ours["counts"] == theirs["counts"].decode("ascii")
+    assert ours["size"] == list(theirs["size"])
+    np.testing.assert_array_equal(chexpert.rle_decode(
+        {"size": theirs["size"], "counts": theirs["counts"].decode()}), m)
+    np.testing.assert_array_equal(mask_api.decode(
+        {"size": ours["size"], "counts": ours["counts"].encode()}).astype(bool), m)
+
+
+def test_rle_resize_nearest():
+  rng = np.random.default_rng(2)
+  for m in _random_masks(rng):
+    rle = chexpert.rle_encode(m)
+    for size in ((m.shape[0] * 2, m.shape[1] * 3), (max(1, m.shape[0] // 3), 5), (7, 1)):
+      direct = chexpert.rle_decode(rle, size)
+      assert direct.shape == size
+      np.testing.assert_array_equal(direct, chexpert.resize_nearest(m, size))
+  # Integer upsampling repeats pixels; integer downsampling picks block centres.
+  m = rng.random((4, 6)) < 0.5
+  np.testing.assert_array_equal(chexpert.resize_nearest(m, (8, 18)),
+                                np.repeat(np.repeat(m, 2, 0), 3, 1))
+  big = np.repeat(np.repeat(m, 3, 0), 3, 1)
+  np.testing.assert_array_equal(chexpert.resize_nearest(big, (4, 6)), m)
+  stack = np.stack([m, ~m])
+  np.testing.assert_array_equal(chexpert.resize_nearest(stack, (8, 18))[1],
+                                ~chexpert.resize_nearest(m, (8, 18)))
+
+
+@pytest.mark.parametrize("rle,match", [
+    ({"size": [2, 2], "counts": "23"}, "sum"),
+    ({"size": [2, 2], "counts": "2\x7f"}, "not an RLE character"),
+    ({"size": [2, 2], "counts": "Q"}, "ends inside"),
+    ({"counts": "22"}, "size"),
+])
+def test_rle_malformed(rle, match):
+  with pytest.raises(ValueError, match=match):
+    chexpert.rle_decode(rle)
+
+
+# ------------------------------------------------------------------------------------------------
+# CheXpert
+
+
+@pytest.fixture(scope="module")
+def chex_data(tmp_path_factory):
+  return fx.make_chexpert(tmp_path_factory.mktemp("chexpert"))
+
+
+def _labels(rows):
+  value = {1: 1, 0: 0, -1: -1, None: 0}
+  return np.array([[value[r["labels"][t]] for t in groupings.CHEXPERT_TASKS] for r in rows])
+
+
+def test_chexpert_splits_and_roots(chex_data):
+  report = chexpert.check(chex_data.root, verify_images=-1)
+  sizes = {s: len(rows) for s, rows in chex_data.splits.items()}
+  assert report.splits == sizes == {"train": 9, "valid": 6, "test": 5}
+  assert report.num_attributes == 10 and report.keypoint_groups == []
+  assert report.attribute_groups == {p: 1 for p in groupings.CHEXPERT_PARTS}
+  frontal_with_masks = sum(1 for s in ("valid", "test") for k, r in enumerate(chex_data.splits[s])
+                           if r["frontal"] and k > 0)
+  assert report.masks == frontal_with_masks
+  assert any("uncertain" in w for w in report.warnings)
+  for root in (chex_data.root, chex_data.dataset_dir):
+    src = chexpert.make_source(root, "test")
+    assert src.image_path(0) == chex_data.dataset_dir / chex_data.splits["test"][0]["rel"]
+
+
+def test_chexpert_full_resolution_name(tmp_path):
+  data = fx.make_chexpert(tmp_path, small=False, with_test=False, chexlocalize=False)
+  report = chexpert.check(data.root)
+  assert report.splits == {"train": 9, "valid": 6} and report.masks == 0
+  assert any("no CheXlocalize" in w for w in report.warnings)
+  ex = chexpert.make_source(data.root, "valid")[0]
+  assert "masks" not in ex and ex["image"].shape == (24, 20, 3)
+  with pytest.raises(base.DataError, match="gt_segmentations_val.json"):
+    chexpert.make_source(data.root, "valid", masks=True)
+
+
+@pytest.mark.parametrize("policy", chexpert.UNCERTAINTY_POLICIES)
+def test_chexpert_uncertainty_policy(chex_data, policy):
+  src = chexpert.make_source(chex_data.root, "train", uncertainty=policy)
+  labels = _labels(chex_data.splits["train"])
+  assert (labels == -1).any() and (labels == 0).any()
+  blank = np.array([[r["labels"][t] is None for t in groupings.CHEXPERT_TASKS]
+                    for r in chex_data.splits["train"]])
+  assert blank.any()
+  fill = {"ignore": 0.0, "zeros": 0.0, "ones": 1.0}[policy]
+  for i in range(len(src)):
+    ex = src[i]
+    expected = np.where(labels[i] == -1, fill, labels[i] == 1)
+    np.testing.assert_array_equal(ex["attributes"], expected)
+    np.testing.assert_array_equal(ex["attribute_valid"],
+                                  labels[i] != -1 if policy == "ignore" else True)
+    assert ex["attributes"][blank[i]].sum() == 0 and ex["attribute_valid"][blank[i]].all()
+  with pytest.raises(ValueError, match="uncertainty"):
+    chexpert.make_source(chex_data.root, "train", uncertainty="three-class")
+
+
+@pytest.mark.parametrize("split", ["train", "valid", "test"])
+def test_chexpert_frontal_only(chex_data, split):
+  rows = chex_data.splits[split]
+  src = chexpert.make_source(chex_data.root, split, frontal_only=True)
+  assert src.csv_paths == [r["path"] for r in rows if r["frontal"]]
+  assert 0 < len(src) < len(rows)
+
+
+@pytest.mark.parametrize("split", ["valid", "test"])
+def test_chexpert_masks(chex_data, split):
+  src = chexpert.make_source(chex_data.root, split)
+  h, w = chex_data.image_size[1], chex_data.image_size[0]
+  seen = 0
+  for i, r in enumerate(chex_data.splits[split]):
+    ex = src[i]
+    assert ex["masks"].shape == (10, h, w) and ex["masks"].dtype == bool
+    image_id = "_".join(r["rel"][:-4].split("/")[-3:])
+    assert src.cxr_ids[i] == image_id
+    assert bool(ex["has_masks"]) == (r["frontal"] and i > 0)
+    for t, task in enumerate(groupings.CHEXPERT_TASKS):
+      full = chex_data.masks.get((split, image_id, task))
+      if full is None:  # Task (or image) absent from the JSON: all zero.
+        assert not ex["masks"][t].any()
+      else:
+        np.testing.assert_array_equal(ex["masks"][t], chexpert.resize_nearest(full, (h, w)))
+        seen += int(full.any())
+  assert seen > 0
+  assert "masks" not in chexpert.make_source(chex_data.root, split, masks=False)[0]
+
+
+def test_chexpert_masks_options(chex_data, tmp_path):
+  # An explicit folder, and "Airspace Opacity" arriving as the CSV's "Lung Opacity".
+  moved = tmp_path / "elsewhere"
+  shutil.copytree(chex_data.root / "CheXlocalize", moved)
+  src = chexpert.make_source(chex_data.dataset_dir, "valid", chexlocalize_dir=moved)
+  assert src.mask_file == moved / "gt_segmentations_val.json"
+  t = groupings.CHEXPERT_TASKS.index("Lung Opacity")
+  found = [k for k in chex_data.masks if k[0] == "valid" and k[2] == "Lung Opacity"]
+  assert found
+  i = src.cxr_ids.index(found[0][1])
+  h, w = chex_data.image_size[1], chex_data.image_size[0]
+  np.testing.assert_array_equal(src[i]["masks"][t],
+                                chexpert.resize_nearest(chex_data.masks[found[0]], (h, w)))
+  train = chexpert.make_source(chex_data.root, "train", masks=True)
+  ex = train[0]
+  assert not ex["has_masks"] and not ex["masks"].any()
+
+
+def test_chexpert_malformed(tmp_path):
+  data = fx.make_chexpert(tmp_path, with_test=False, chexlocalize=False)
+  path = data.dataset_dir / "train.csv"
+  lines = path.read_text().splitlines()
+  fields = lines[3].split(",")
+  fields[-1] = "2.0"
+  lines[3] = ",".join(fields)
+  path.write_text("\n".join(lines) + "\n")
+  with pytest.raises(base.DataError, match="train.csv:4:.*Support Devices"):
+    chexpert.make_source(data.root, "train")
+  lines[3] = "CheXpert-v1.0-small/train/x.jpg,Female"
+  path.write_text("\n".join(lines) + "\n")
+  with pytest.raises(base.DataError, match="train.csv:4: malformed line, expected 19 fields"):
+    chexpert.make_source(data.root, "train")
+  path.write_text("Path,Sex\n")
+  with pytest.raises(base.DataError, match="train.csv:1:.*'Enlarged Cardiomediastinum'"):
+    chexpert.make_source(data.root, "train")
+  (data.dataset_dir / "valid.csv").unlink()
+  with pytest.raises(base.DataError, match="missing required file.*valid.csv"):
+    chexpert.make_source(data.root, "valid")
+
+
+def test_chexpert_malformed_mask_and_corrupt_image(tmp_path):
+  data = fx.make_chexpert(tmp_path, with_test=False)
+  path = data.root / "CheXlocalize" / "gt_segmentations_val.json"
+  entries = json.loads(path.read_text())
+  image_id = next(iter(entries))
+  entries[image_id]["Edema"]["counts"] = "3"
+  path.write_text(json.dumps(entries))
+  with pytest.raises(base.DataError, match=f"{image_id}.*Edema"):
+    chexpert.check(data.root)
+  src = chexpert.make_source(data.root, "valid")
+  with pytest.raises(base.DataError, match=f"{image_id}.*Edema"):
+    src[src.cxr_ids.index(image_id)]
+  fx.corrupt_file(src.image_path(0))
+  with pytest.raises(base.DataError, match=f"corrupt image: {src.image_path(0)}"):
+    src[0]
+
+
+def test_celeba_and_chexpert_sources_pickle(celeba_data, chex_data):
+  for src in (celeba.make_source(celeba_data.root, "val"),
+              chexpert.make_source(chex_data.root, "valid")):
+    again = pickle.loads(pickle.dumps(src))
+    for key, value in src[1].items():
+      np.testing.assert_array_equal(again[1][key], value)
+
+
+def test_chexpert_cxr_id():
+  assert chexpert.cxr_id("CheXpert-v1.0/valid/patient64541/study1/view1_frontal.jpg") == (
+      "patient64541_study1_view1_frontal")
+  assert chexpert.cxr_id("test/patient64741/study1/view1_frontal.jpg") == (
+      "patient64741_study1_view1_frontal")
