@@ -199,11 +199,13 @@ def test_bad_checkpoint_lists_missing_unexpected_and_mismatched(tmp_path):
   del sd["blocks.0.norm2.bias"]
   sd["blocks.0.attn.extra_thing"] = torch.zeros(3)
   sd["blocks.0.mlp.fc1.bias"] = torch.zeros(5)
+  sd["blocks.0.attn.qkv.weight"] = torch.zeros(7, 768)  # A fused tensor that cannot be reshaped.
   path = ref.save_state_dict(sd, str(tmp_path / "broken.pth"))
   with pytest.raises(checkpoints.CheckpointError) as info:
     checkpoints.load_backbone(path)
   message = str(info.value)
-  for key in ("blocks.0.norm2.bias", "blocks.0.attn.extra_thing", "blocks.0.mlp.fc1.bias"):
+  for key in ("blocks.0.norm2.bias", "blocks.0.attn.extra_thing", "blocks.0.mlp.fc1.bias",
+              "blocks.0.attn.qkv.weight"):
     assert key in message
   assert "missing" in message and "unexpected" in message and "shape" in message
 

@@ -38,6 +38,8 @@ class KeyReader:
       shape = tuple(shape)
       if len(shape) != value.ndim or any(s not in (-1, v) for s, v in zip(shape, value.shape)):
         self.mismatched.append(f"{key}: checkpoint {tuple(value.shape)}, expected {shape}")
+        if -1 not in shape:  # A placeholder of the right shape lets conversion go on to report
+          return np.zeros(shape, np.float32)  # every problem at once in finish().
     return np.asarray(value, np.float32)
 
   def optional(self, key: str, shape: Optional[Sequence[int]] = None) -> Optional[np.ndarray]:
