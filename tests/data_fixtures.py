@@ -11,7 +11,7 @@ import csv
 import json
 import types
 from pathlib import Path
-from typing import Optional
+
 
 import numpy as np
 from PIL import Image

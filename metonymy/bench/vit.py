@@ -10,7 +10,6 @@ patches]` sequence with the same block mask.
 """
 
 import dataclasses
-import json
 import os
 import statistics
 import tempfile

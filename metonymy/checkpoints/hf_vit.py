@@ -35,7 +35,7 @@ tensor shapes, heads = width / 64 and the HF default eps (ViT 1e-12, DINOv2 1e-6
 
 import json
 import os
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 

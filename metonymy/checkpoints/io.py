@@ -38,9 +38,10 @@ class RawCheckpoint:
 
 def _to_numpy(value) -> np.ndarray:
   if isinstance(value, np.ndarray):
-    return value.astype(np.float32) if value.dtype.kind == "f" else value
-  import torch  # Only reached for torch pickles, where torch is already imported.
-  if value.dtype.is_floating_point:
+    # Integer and bool buffers stay as they are; floats, including ml_dtypes' bfloat16 (kind
+    # "V"), become float32.
+    return value if value.dtype.kind in "iub" else value.astype(np.float32)
+  if value.dtype.is_floating_point:  # A torch tensor.
     value = value.float()
   return value.detach().cpu().numpy()
 

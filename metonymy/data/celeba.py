@@ -38,8 +38,8 @@ import numpy as np
 
 from metonymy.data import base
 from metonymy.data import groupings
-from metonymy.data.cub import (check_split, load_rgb, parse_int, read_rows, require_file,
-                               verify_split_images)
+from metonymy.data.files import (check_split, load_rgb, parse_int, read_rows, require_file,
+                                 verify_split_images)
 
 SPLITS: Tuple[str, ...] = ("train", "val", "test")
 PathLike = Union[str, os.PathLike]

@@ -46,7 +46,7 @@ import numpy as np
 
 from metonymy.data import base
 from metonymy.data import groupings
-from metonymy.data.cub import check_split, load_rgb, require_file, verify_split_images
+from metonymy.data.files import check_split, load_rgb, require_file, verify_split_images
 
 SPLITS: Tuple[str, ...] = ("train", "valid", "test")
 DATASET_DIRS: Tuple[str, ...] = ("CheXpert-v1.0-small", "CheXpert-v1.0")

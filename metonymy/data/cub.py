@@ -35,103 +35,19 @@ import dataclasses
 import functools
 import os
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
-from PIL import Image
 
 from metonymy.data import base
 from metonymy.data import groupings
+from metonymy.data.files import (check_split, load_rgb, parse_float, parse_int, read_rows,
+                                 require_file, verify_split_images)
 
 SPLITS: Tuple[str, ...] = ("train", "test")
 DATASET_DIR = "CUB_200_2011"
 
 PathLike = Union[str, os.PathLike]
-
-# ------------------------------------------------------------------------------------------------
-# Shared file helpers.
-
-
-def require_file(path: Path) -> Path:
-  if not path.is_file():
-    raise base.DataError(f"missing required file: {path}")
-  return path
-
-
-def read_rows(path: Path, *, min_fields: int, max_fields: Optional[int] = None, skip: int = 0,
-              maxsplit: int = -1) -> Iterator[Tuple[int, List[str]]]:
-  """Yields (1-based line number, fields) for each non-blank line after the first `skip` lines.
-
-  Raises DataError naming the file and line when a line has fewer than `min_fields` or more than
-  `max_fields` (default: min_fields) whitespace-separated fields. With `maxsplit` the last field
-  keeps its inner spaces (CUB's part names).
-  """
-  max_fields = min_fields if max_fields is None else max_fields
-  require_file(path)
-  with open(path, "r", encoding="utf-8", errors="replace") as f:
-    for lineno, line in enumerate(f, 1):
-      if lineno <= skip:
-        continue
-      fields = line.split(None, maxsplit) if maxsplit >= 0 else line.split()
-      if not fields:
-        continue  # Blank lines (a trailing newline or two) carry nothing.
-      if not min_fields <= len(fields) <= max_fields:
-        want = str(min_fields) if min_fields == max_fields else f"{min_fields}-{max_fields}"
-        raise base.DataError(
-            f"{path}:{lineno}: malformed line, expected {want} fields, got {len(fields)}: "
-            f"{line.rstrip()!r}")
-      yield lineno, fields
-
-
-def parse_int(token: str, path: Path, lineno: int) -> int:
-  try:
-    return int(token)
-  except ValueError:
-    raise base.DataError(f"{path}:{lineno}: malformed line, {token!r} is not an integer") from None
-
-
-def parse_float(token: str, path: Path, lineno: int) -> float:
-  try:
-    return float(token)
-  except ValueError:
-    raise base.DataError(f"{path}:{lineno}: malformed line, {token!r} is not a number") from None
-
-
-def load_rgb(path: Path) -> np.ndarray:
-  """Decodes an image file to uint8 [H, W, 3] RGB.
-
-  Any failure raises DataError with the path: a missing, truncated or corrupt image must stop a
-  run, never be skipped (a skipped image would silently shift what a split contains).
-  """
-  try:
-    with Image.open(path) as im:
-      return np.array(im.convert("RGB"), dtype=np.uint8)
-  except FileNotFoundError:
-    raise base.DataError(f"missing image: {path}") from None
-  except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, ... for broken files.
-    raise base.DataError(f"corrupt image: {path} ({type(e).__name__}: {e})") from None
-
-
-def check_split(split: str, splits: Sequence[str], dataset: str) -> None:
-  if split not in splits:
-    raise ValueError(f"{dataset} has splits {tuple(splits)}, not {split!r}")
-
-
-def missing_images(paths: Sequence[Path]) -> List[Path]:
-  return [p for p in paths if not os.path.isfile(p)]
-
-
-def verify_split_images(split_paths: Dict[str, Sequence[Path]], verify: int) -> None:
-  """Every listed image must exist; the first `verify` of each split (all if < 0) must decode."""
-  for split, paths in split_paths.items():
-    gone = missing_images(paths)
-    if gone:
-      raise base.DataError(
-          f"{len(gone)} image(s) of split {split!r} are missing, first: {gone[0]}")
-    todo = paths if verify < 0 else paths[:verify]
-    for p in todo:
-      load_rgb(Path(p))
-
 
 # ------------------------------------------------------------------------------------------------
 # CUB tables.
