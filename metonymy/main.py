@@ -21,6 +21,8 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Where outputs, logs and checkpo
 # job name -> module with run(config, workdir).
 JOBS = {
     "backbone_smoke": "metonymy.smoke",
+    "probe": "metonymy.probe",  # Leakage benchmark: late vs early masked features, PS, MPPO.
+    "train": "metonymy.train",  # Part discovery (Stage 1, two-stage) training.
 }
 
 

@@ -201,8 +201,9 @@ class VisionTransformer(nn.Module):
     config: the architecture.
     dtype: compute dtype (parameters stay float32).
     attention_impl: passed to `jax.nn.dot_product_attention` (None = XLA; "cudnn" on GPUs).
-    pad_to_multiple: pad the sequence with masked-out tokens to a multiple of this (cuDNN wants
-      even lengths with masks). Padding never changes the real tokens' values.
+    pad_to_multiple: pad the sequence with masked-out tokens to a multiple of this (with
+      attention_impl="cudnn" at least 2: cuDNN wants even lengths with masks). Padding never
+      changes the real tokens' values.
   """
   config: ViTConfig
   dtype: Any = jnp.float32
@@ -280,7 +281,9 @@ class VisionTransformer(nn.Module):
       normed tokens [B, L, D], and a list of [B, L, D] intermediates (empty unless requested).
     """
     length = tokens.shape[1]
-    padded = -length % self.pad_to_multiple
+    # cuDNN's fused attention wants even sequence lengths when a mask or bias is present.
+    multiple = max(self.pad_to_multiple, 2 if self.attention_impl == "cudnn" else 1)
+    padded = -length % multiple
     if padded:
       tokens = jnp.pad(tokens, ((0, 0), (0, padded), (0, 0)))
       if rope is not None:  # Rotary tables cover the last tokens: padding gets the identity.
