@@ -13,6 +13,7 @@ Training checkpoints are unwrapped (`model`, `state_dict`, `teacher`, `module`, 
 import dataclasses
 import json
 import os
+import zipfile
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -69,6 +70,14 @@ def _unwrap(obj: Any, path: str) -> Dict[str, Any]:
   return tensors
 
 
+def _is_torchscript_archive(path: str) -> bool:
+  """TorchScript zips carry compiled code (`<name>/code/...`) beside their tensors."""
+  if not zipfile.is_zipfile(path):
+    return False
+  with zipfile.ZipFile(path) as archive:
+    return any("/code/" in name for name in archive.namelist())
+
+
 def _read_torch(path: str) -> Dict[str, np.ndarray]:
   try:
     import torch
@@ -76,18 +85,18 @@ def _read_torch(path: str) -> Dict[str, np.ndarray]:
     raise CheckpointError(f"{path}: reading a torch pickle needs PyTorch (pip install torch). "
                           "Convert it once with `python -m metonymy.checkpoints convert` on a "
                           "machine with torch, or use a .safetensors file.") from e
+  if _is_torchscript_archive(path):
+    # OpenAI's released CLIP files are TorchScript archives, which weights_only refuses. A
+    # TorchScript archive holds serialized TorchScript code, not arbitrary Python pickles.
+    try:
+      obj = torch.jit.load(path, map_location="cpu").state_dict()
+    except Exception as e:
+      raise CheckpointError(f"{path}: not a loadable TorchScript archive: {e}") from e
+    return {k: _to_numpy(v) for k, v in _unwrap(obj, path).items()}
   try:
     obj = torch.load(path, map_location="cpu", weights_only=True)
   except Exception as e:  # torch raises many types for corrupt or unsafe files.
-    if "TorchScript" not in str(e):
-      raise CheckpointError(f"{path}: torch.load(weights_only=True) failed: {e}") from e
-    # OpenAI's released CLIP files are TorchScript archives, which weights_only refuses. A
-    # TorchScript archive holds serialized TorchScript, not arbitrary Python pickles.
-    try:
-      obj = torch.jit.load(path, map_location="cpu").state_dict()
-    except Exception as jit_error:
-      raise CheckpointError(f"{path}: neither a weights-only torch file nor a loadable "
-                            f"TorchScript archive: {jit_error}") from jit_error
+    raise CheckpointError(f"{path}: torch.load(weights_only=True) failed: {e}") from e
   return {k: _to_numpy(v) for k, v in _unwrap(obj, path).items()}
 
 
