@@ -108,6 +108,7 @@ def run(model_name: str = "vit_b16", batch_size: int = 8, image_size: int = 224,
       config = config.replace(depth=depth)
     model, params = vit.init_params(config)
   config = model.config
+  results["depth"] = config.depth
   grid = (image_size // config.patch_size,) * 2
   part_ids = rng.integers(0, num_parts + 1, size=(batch_size,) + grid)
   plain_len = config.num_prefix + grid[0] * grid[1]
@@ -169,7 +170,7 @@ def run(model_name: str = "vit_b16", batch_size: int = 8, image_size: int = 224,
 
 
 def format_table(results: Dict[str, object]) -> str:
-  lines = [f"{results['model']} batch {results['batch_size']} @ {results['image_size']}px, "
+  lines = [f"{results['model']} ({results['depth']} blocks) batch {results['batch_size']} @ {results['image_size']}px, "
            f"K={results['num_parts']} (L plain {results['sequence_length']['plain']}, "
            f"early {results['sequence_length']['early']}) on {results['device']}"]
   lines.append(f"{'variant':14s} {'s/batch':>9s} {'img/s':>9s}")
@@ -186,3 +187,23 @@ def format_table(results: Dict[str, object]) -> str:
                f"{r['early_over_plain_time_flax']:.3f} vs {1.05 * r['length_ratio']:.3f}")
   lines.extend(goals)
   return "\n".join(lines)
+
+
+def markdown_rows(results: Dict[str, object]) -> str:
+  """One markdown table row per run, for README's generated benchmark table."""
+  t, r = results["timings"], results["ratios"]
+  torch_plain = t.get("torch_plain", {}).get("images_per_second", float("nan"))
+  torch_early = t.get("torch_early", {}).get("images_per_second", float("nan"))
+  name = results["model"] + (f" ({results['depth']} blocks)" if results.get("depth") else "")
+  return (f"| {name} | {results['batch_size']} | {results['image_size']} | "
+          f"{results['num_parts']} | {results['sequence_length']['plain']} -> "
+          f"{results['sequence_length']['early']} | {t['flax_plain']['images_per_second']:.2f} | "
+          f"{torch_plain:.2f} | {r.get('flax_over_torch_throughput_plain', float('nan')):.2f} | "
+          f"{t['flax_early']['images_per_second']:.2f} | {torch_early:.2f} | "
+          f"{r['early_over_plain_time_flax']:.3f} (goal <= {1.05 * r['length_ratio']:.3f}) |")
+
+
+MARKDOWN_HEADER = (
+    "| model | batch | px | K | tokens plain -> early | Flax img/s | PyTorch img/s | Flax/PyTorch "
+    "| Flax early img/s | PyTorch early img/s | Flax t(early)/t(plain) |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|")
