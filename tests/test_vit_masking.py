@@ -151,3 +151,36 @@ def test_bad_part_ids_are_rejected():
     model.apply({"params": params}, images, part_ids=part_ids[:, :3], num_parts=NUM_PARTS)
   with pytest.raises(ValueError, match="multiple of the patch size"):
     model.apply({"params": params}, images[:, :23])
+
+
+@pytest.mark.parametrize("name", ["dino_like", "rope_no_k_bias"])
+def test_straight_through_forward_is_hard_and_gradient_is_soft(name):
+  """STE: SG(H_hard) + H_soft - SG(H_soft) per layer; forward bit-identical to hard masking."""
+  model, params, images, part_ids = _setup(name)
+  config = VARIANTS[name]
+  logits = 2.0 * jax.nn.one_hot(part_ids.reshape(2, -1), NUM_PARTS + 1)
+  logits = logits + 0.5 * jax.random.normal(jax.random.PRNGKey(3), logits.shape)
+
+  def part_tokens(logits, images, variant):
+    probs = jax.nn.softmax(logits, -1)
+    ids = jnp.argmax(probs, -1).reshape(part_ids.shape)
+    bias = attention_masks.soft_group_attention_bias(probs, config.num_prefix)
+    kwargs = {"hard": {}, "soft": {"attention_bias": bias}, "ste": {"straight_through_bias": bias}}
+    return model.apply({"params": params}, images, part_ids=ids, num_parts=NUM_PARTS,
+                       **kwargs[variant])["part_tokens"]
+
+  hard_ids = jnp.argmax(logits, -1).reshape(part_ids.shape)
+  hard = part_tokens(logits, images, "hard")
+  ste = part_tokens(logits, images, "ste")
+  np.testing.assert_array_equal(np.asarray(ste), np.asarray(hard))
+  # Zero leakage under STE: noise outside part 0 leaves part 0 bit-identical.
+  outside = (_pixel_ids(hard_ids, 4) != 0)[..., None]
+  noisy = jnp.where(outside, images + 5.0, images)
+  np.testing.assert_array_equal(np.asarray(part_tokens(logits, noisy, "ste")[:, 0]),
+                                np.asarray(ste[:, 0]))
+  # Gradients reach the part probabilities through soft and STE, never through hard.
+  grads = {v: jax.grad(lambda l: jnp.sum(part_tokens(l, images, v)[:, :, 0] ** 2))(logits)
+           for v in ("hard", "soft", "ste")}
+  assert float(jnp.abs(grads["hard"]).max()) == 0.0
+  assert float(jnp.abs(grads["soft"]).max()) > 0.0
+  assert float(jnp.abs(grads["ste"]).max()) > 0.0

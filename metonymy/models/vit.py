@@ -124,8 +124,14 @@ class Attention(nn.Module):
   attention_impl: Optional[str] = None
 
   @nn.compact
-  def __call__(self, x, mask=None, bias=None, rope=None):
-    """x: [B, L, D]; mask: bool [B, 1, L, L]; bias: float [B, 1|H, L, L]; rope: (sin, cos)."""
+  def __call__(self, x, mask=None, bias=None, rope=None, straight_through=False):
+    """x: [B, L, D]; mask: bool [B, 1, L, L]; bias: float [B, 1|H, L, L]; rope: (sin, cos).
+
+    straight_through: the output is that of the boolean `mask` in the forward pass and gets the
+    gradient of the additive `bias` in the backward pass: SG(H_hard) + H_soft - SG(H_soft),
+    per layer (paper §4.0.2). `H_soft - SG(H_soft)` is exactly 0 forward, so the forward is the
+    hard-masked value bit for bit.
+    """
     cfg = self.config
     heads, head_dim = cfg.num_heads, cfg.head_dim
     kernel = self.param("qkv_kernel", nn.initializers.lecun_normal(batch_axis=()),
@@ -143,8 +149,13 @@ class Attention(nn.Module):
       num_patches = sin.shape[-2]
       q = jnp.concatenate([q[:, :-num_patches], pos_lib.apply_rope(q[:, -num_patches:], sin, cos)], 1)
       k = jnp.concatenate([k[:, :-num_patches], pos_lib.apply_rope(k[:, -num_patches:], sin, cos)], 1)
-    out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask,
-                                       implementation=self.attention_impl)
+    if straight_through:
+      hard = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=self.attention_impl)
+      soft = jax.nn.dot_product_attention(q, k, v, bias=bias, implementation=self.attention_impl)
+      out = jax.lax.stop_gradient(hard) + (soft - jax.lax.stop_gradient(soft))
+    else:
+      out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask,
+                                         implementation=self.attention_impl)
     out_kernel = self.param("out_kernel", nn.initializers.lecun_normal(batch_axis=()),
                             (heads, head_dim, cfg.width))
     out = jnp.einsum("blhe,hed->bld", out, out_kernel.astype(self.dtype))
@@ -181,10 +192,10 @@ class Block(nn.Module):
   attention_impl: Optional[str] = None
 
   @nn.compact
-  def __call__(self, x, mask=None, bias=None, rope=None):
+  def __call__(self, x, mask=None, bias=None, rope=None, straight_through=False):
     cfg = self.config
     y = Attention(cfg, self.dtype, self.attention_impl, name="attn")(
-        _layer_norm(cfg, "norm1")(x), mask, bias, rope)
+        _layer_norm(cfg, "norm1")(x), mask, bias, rope, straight_through)
     if cfg.layer_scale:
       y = LayerScale(cfg.width, name="ls1")(y)
     x = x + y
@@ -268,13 +279,14 @@ class VisionTransformer(nn.Module):
     return prefix, patches, rope
 
   def encode(self, tokens: jnp.ndarray, rope=None, mask=None, bias=None,
-             return_intermediates: bool = False):
+             return_intermediates: bool = False, straight_through: bool = False):
     """Runs the blocks and the final norm on an embedded sequence.
 
     Args:
       tokens: [B, L, D]: prefix tokens first, patch tokens last.
       rope: (sin, cos) of shape [N, head_dim] or [B, N, head_dim] for the last N tokens.
       mask: bool [B, 1, L, L], True = attend. bias: additive float [B, 1|H, L, L].
+      straight_through: forward with `mask`, gradient of `bias` (see `Attention`).
       return_intermediates: also return every block's output (before the final norm).
 
     Returns:
@@ -296,20 +308,22 @@ class VisionTransformer(nn.Module):
         mask = key_mask
       else:
         mask = jnp.pad(mask, ((0, 0), (0, 0), (0, padded), (0, padded))) & key_mask
-      if bias is not None:
+      if bias is not None:  # Padded keys are blocked in the bias too (the STE soft path).
         bias = jnp.pad(bias, ((0, 0), (0, 0), (0, padded), (0, padded)))
+        bias = jnp.where(valid[None, None, None, :], bias, jnp.finfo(bias.dtype).min)
     x = tokens
     if self.config.ln_pre:
       x = self.ln_pre(x)
     intermediates = []
     for block in self.blocks:
-      x = block(x, mask, bias, rope)
+      x = block(x, mask, bias, rope, straight_through)
       if return_intermediates:
         intermediates.append(x[:, :length])
     return self.norm(x)[:, :length], intermediates
 
   def __call__(self, images: jnp.ndarray, part_ids: Optional[jnp.ndarray] = None,
                num_parts: Optional[int] = None, attention_bias: Optional[jnp.ndarray] = None,
+               straight_through_bias: Optional[jnp.ndarray] = None,
                return_intermediates: bool = False) -> Dict[str, Any]:
     """Plain or early-masked forward.
 
@@ -320,6 +334,9 @@ class VisionTransformer(nn.Module):
       num_parts: K (static). Required under jit; inferred as max(part_ids) for concrete inputs.
       attention_bias: optional additive bias [B, 1|H, L, L] over the early-masked sequence,
         used instead of the boolean block mask (Stage 2's soft masks). Needs part_ids for layout.
+      straight_through_bias: optional additive bias like `attention_bias`, for Stage 2's STE
+        masks: every layer's forward uses the boolean block mask of `part_ids` exactly, and the
+        backward pass takes this bias's gradient.
       return_intermediates: also return per-block tokens (before the final norm).
 
     Returns:
@@ -332,8 +349,9 @@ class VisionTransformer(nn.Module):
     batch, num_patches = patches.shape[:2]
     out = {}
     if part_ids is None:
-      if attention_bias is not None:
-        raise ValueError("attention_bias needs part_ids: it is laid out over the early-masked sequence.")
+      if attention_bias is not None or straight_through_bias is not None:
+        raise ValueError("attention_bias / straight_through_bias need part_ids: they are laid out "
+                         "over the early-masked sequence.")
       tokens, intermediates = self.encode(jnp.concatenate([prefix, patches], 1), rope,
                                           return_intermediates=return_intermediates)
       out["prefix_tokens"] = tokens[:, :cfg.num_prefix]
@@ -354,10 +372,14 @@ class VisionTransformer(nn.Module):
       flat_ids = part_ids.reshape(batch, num_patches)
       prefix_copies = jnp.tile(prefix, (1, groups, 1))  # [B, (K+1) P, D], copy-major.
       group_ids = attention_masks.early_masking_group_ids(flat_ids, num_parts, cfg.num_prefix)
+      if attention_bias is not None and straight_through_bias is not None:
+        raise ValueError("Pass attention_bias (soft) or straight_through_bias (STE), not both.")
       mask = attention_masks.block_attention_mask(group_ids) if attention_bias is None else None
-      tokens, intermediates = self.encode(jnp.concatenate([prefix_copies, patches], 1), rope,
-                                          mask=mask, bias=attention_bias,
-                                          return_intermediates=return_intermediates)
+      tokens, intermediates = self.encode(
+          jnp.concatenate([prefix_copies, patches], 1), rope, mask=mask,
+          bias=attention_bias if straight_through_bias is None else straight_through_bias,
+          return_intermediates=return_intermediates,
+          straight_through=straight_through_bias is not None)
       num_prefix_tokens = groups * cfg.num_prefix
       out["prefix_tokens"] = tokens[:, :num_prefix_tokens]
       out["part_tokens"] = out["prefix_tokens"].reshape(batch, groups, cfg.num_prefix, cfg.width)
