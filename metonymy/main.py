@@ -14,9 +14,15 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from metonymy import distributed
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where outputs, logs and checkpoints go.")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None,
+                                   "host:port of process 0, for clusters JAX does not detect.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "With --coordinator_address.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "With --coordinator_address.")
 
 # job name -> module with run(config, workdir).
 JOBS = {
@@ -36,10 +42,12 @@ def main(argv):
     raise app.UsageError(f"The config has no `job` field; known jobs: {sorted(JOBS)}.")
   if config.job not in JOBS:
     raise app.UsageError(f"Unknown job {config.job!r}; known jobs: {sorted(JOBS)}.")
+  distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   workdir = _WORKDIR.value or os.path.join("workdirs", config.job)
   os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(config.to_json_best_effort(indent=2))
+  if distributed.is_main_process():
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      f.write(config.to_json_best_effort(indent=2))
   logging.info("Running job %s in %s", config.job, workdir)
   importlib.import_module(JOBS[config.job]).run(config, workdir)
 
