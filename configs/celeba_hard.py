@@ -1,0 +1,12 @@
+"""Two-stage part discovery on celeba with hard masks: argmax block-diagonal cliques (zero leakage, no gradient to Stage 1).
+
+  python -m metonymy.main --config=configs/celeba_hard.py[:runlocal] --workdir=DIR
+
+Everything but the model comes from configs/celeba_single.py (same data, K, losses, schedule).
+"""
+
+from metonymy import config_lib
+
+
+def get_config(arg: str = ""):
+  return config_lib.two_stage(config_lib.load_sibling_config(__file__, "celeba_single", arg), "hard")

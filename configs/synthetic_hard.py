@@ -1,0 +1,12 @@
+"""Two-stage part discovery on synthetic with hard masks: argmax block-diagonal cliques (zero leakage, no gradient to Stage 1).
+
+  python -m metonymy.main --config=configs/synthetic_hard.py[:runlocal] --workdir=DIR
+
+Everything but the model comes from configs/synthetic_single.py (same data, K, losses, schedule).
+"""
+
+from metonymy import config_lib
+
+
+def get_config(arg: str = ""):
+  return config_lib.two_stage(config_lib.load_sibling_config(__file__, "synthetic_single", arg), "hard")

@@ -1,0 +1,13 @@
+"""Evaluation metrics of the leakage benchmark: pure NumPy (scikit-learn only in the tests).
+
+  metrics       attribute AP / mAP / AUROC, vectorized over columns, with sample weights
+  part_metrics  contingency matrix, part assignment (tau or manual), PS (eq. 1), MPPO (eq. 2),
+                NMI / ARI of part assignments at keypoints
+  bootstrap     bootstrap confidence intervals and averaging over seeds
+"""
+
+from metonymy.evaluation import bootstrap
+from metonymy.evaluation import metrics
+from metonymy.evaluation import part_metrics
+
+__all__ = ["bootstrap", "metrics", "part_metrics"]

@@ -1,0 +1,259 @@
+"""Part-level metrics: contingency, part assignment, PS (eq. 1), MPPO (eq. 2), NMI / ARI.
+
+Names: K discovered parts (ids 0..K-1, background id K), G ground-truth parts (keypoint groups
+or attribute groups), A attributes, S samples.
+
+Keypoint hits: `keypoint_part` int [S, G] is the discovered part id (0..K, K = background) under
+keypoint g of sample s, or -1 where the keypoint is not visible. The contingency, the
+assignment and NMI / ARI all derive from it.
+"""
+
+from typing import Dict, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+INVISIBLE = -1
+
+
+# ------------------------------------------------------------------------------------------------
+# Contingency and assignment (Sec. 3.0.1, Fig. S5a).
+
+
+def keypoint_counts(keypoint_part: np.ndarray, num_parts: int, weights=None) -> np.ndarray:
+  """Co-occurrence counts n[k, g] = #{visible keypoints of group g under discovered part k}.
+
+  Args:
+    keypoint_part: int [S, G] in {-1 (invisible), 0..K (K = background)}.
+    num_parts: K.
+    weights: optional per-sample weights [S] (bootstrap multiplicities).
+
+  Returns:
+    float [K + 1, G]; row K counts keypoints that fall on the background.
+  """
+  kp = np.asarray(keypoint_part, np.int64)
+  if kp.ndim != 2:
+    raise ValueError(f"keypoint_part must be [S, G], got shape {kp.shape}")
+  if kp.size and (kp.min() < INVISIBLE or kp.max() > num_parts):
+    raise ValueError(f"keypoint_part values must lie in [-1, {num_parts}], got "
+                     f"[{kp.min()}, {kp.max()}]")
+  w = np.ones(kp.shape[0]) if weights is None else np.asarray(weights, np.float64)
+  num_groups = kp.shape[1]
+  counts = np.zeros((num_parts + 1, num_groups))
+  visible = kp >= 0
+  rows = np.where(visible, kp, 0)
+  cols = np.broadcast_to(np.arange(num_groups), kp.shape)
+  np.add.at(counts, (rows[visible], cols[visible]),
+            np.broadcast_to(w[:, None], kp.shape)[visible])
+  return counts
+
+
+def contingency(keypoint_part: np.ndarray, num_parts: int, weights=None) -> np.ndarray:
+  """The spatial contingency matrix c[k, g] of Sec. 3.0.1 / Fig. S5a.
+
+  c_g^k = n[k, g] / sum_k' n[k', g]: the fraction of group g's visible keypoints that fall
+  inside discovered part k (each column sums to 1 over the K parts and the background row).
+
+  Returns:
+    float [K + 1, G]; a column with no visible keypoint is NaN.
+  """
+  counts = keypoint_counts(keypoint_part, num_parts, weights)
+  total = counts.sum(0, keepdims=True)
+  with np.errstate(invalid="ignore", divide="ignore"):
+    return np.where(total > 0, counts / np.maximum(total, 1e-300), np.nan)
+
+
+def assign_by_threshold(contingency_matrix: np.ndarray, tau: float) -> np.ndarray:
+  """K_g^+ = {k : c_g^k > tau} (Sec. 3.0.1); the background row never joins a group.
+
+  Args:
+    contingency_matrix: float [K + 1, G] (from `contingency`).
+    tau: threshold in [0, 1).
+
+  Returns:
+    bool [K, G], True where discovered part k matches ground-truth part g.
+  """
+  if not 0.0 <= tau < 1.0:
+    raise ValueError(f"tau must lie in [0, 1), got {tau}")
+  c = np.asarray(contingency_matrix, np.float64)[:-1]
+  return np.nan_to_num(c, nan=0.0) > tau
+
+
+def assign_manually(mapping: Mapping[str, Sequence[int]], group_names: Sequence[str],
+                    num_parts: int) -> np.ndarray:
+  """K_g^+ chosen by inspection: {group name: [discovered part ids]} -> bool [K, G].
+
+  Groups missing from `mapping` get no parts (their PS is undefined).
+  """
+  names = list(group_names)
+  unknown = sorted(set(mapping) - set(names))
+  if unknown:
+    raise ValueError(f"manual assignment names unknown groups {unknown}; groups are {names}")
+  out = np.zeros((num_parts, len(names)), bool)
+  for name, parts in mapping.items():
+    for k in parts:
+      if not 0 <= int(k) < num_parts:
+        raise ValueError(f"manual assignment of {name!r}: part {k} is not in [0, {num_parts})")
+      out[int(k), names.index(name)] = True
+  return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Part specificity (eq. 1).
+
+
+def part_specificity(map_matrix: np.ndarray, assignment: np.ndarray) -> Tuple[np.ndarray, float]:
+  """PS_g and PS of eq. 1.
+
+  PS_g = mean_{k in K_g^+} mAP^k_g - mean_{k in K_g^-} mAP^k_g,  K_g^- = K \\ K_g^+,
+  PS = mean_g PS_g over the groups where PS_g is defined.
+
+  PS_g is undefined (NaN) when K_g^+ or K_g^- is empty, or when group g has no defined mAP.
+
+  Args:
+    map_matrix: float [K, G], mAP of probe k on the attributes of group g.
+    assignment: bool [K, G], K_g^+ as a mask.
+
+  Returns:
+    (float [G] PS_g, float PS); PS is NaN if no group is defined.
+  """
+  m = np.asarray(map_matrix, np.float64)
+  a = np.asarray(assignment, bool)
+  if m.shape != a.shape:
+    raise ValueError(f"map_matrix {m.shape} and assignment {a.shape} must both be [K, G]")
+  defined = np.isfinite(m)
+  plus, minus = a & defined, ~a & defined
+  with np.errstate(invalid="ignore", divide="ignore"):
+    mean_plus = np.where(plus, m, 0).sum(0) / plus.sum(0)
+    mean_minus = np.where(minus, m, 0).sum(0) / minus.sum(0)
+  ps_g = np.where((plus.sum(0) > 0) & (minus.sum(0) > 0), mean_plus - mean_minus, np.nan)
+  ps = float(np.nanmean(ps_g)) if np.isfinite(ps_g).any() else float("nan")
+  return ps_g, ps
+
+
+# ------------------------------------------------------------------------------------------------
+# Most predictive part overlap (eq. 2).
+
+
+def mppo(logits: np.ndarray, overlap: np.ndarray, present: np.ndarray,
+         attribute_mask: Sequence[int], weights=None) -> Tuple[np.ndarray, float]:
+  """MPPO_a and MPPO of eq. 2.
+
+  k*_a(s) = argmax_k l^k(v^k_s)_a, the most predictive part by logit on sample s, and
+  MPPO_a = |{s in S_a : M_{k*_a}(s) ∩ M_{g(a)}(s) != ∅}| / |S_a|, S_a = samples with attribute a
+  present (and a ground-truth mask); MPPO = mean_a MPPO_a over attributes with S_a non-empty.
+
+  Args:
+    logits: float [S, K, A].
+    overlap: bool [S, K, T], whether discovered part k intersects ground-truth mask t.
+    present: bool [S, A], the samples S_a (attribute present, label valid, masks available).
+    attribute_mask: int [A], g(a) as an index into the T masks.
+    weights: optional per-sample weights [S] (bootstrap multiplicities).
+
+  Returns:
+    (float [A] MPPO_a, NaN where S_a is empty; float MPPO).
+  """
+  logits = np.asarray(logits)
+  overlap = np.asarray(overlap, bool)
+  present = np.asarray(present, bool)
+  g_of_a = np.asarray(attribute_mask, np.int64)
+  s, k, a = logits.shape
+  if overlap.shape[:2] != (s, k) or present.shape != (s, a) or g_of_a.shape != (a,):
+    raise ValueError(f"shapes disagree: logits {logits.shape}, overlap {overlap.shape}, present "
+                     f"{present.shape}, attribute_mask {g_of_a.shape}")
+  if g_of_a.size and (g_of_a.min() < 0 or g_of_a.max() >= overlap.shape[2]):
+    raise ValueError(f"attribute_mask values must index the {overlap.shape[2]} masks")
+  best = np.argmax(logits, axis=1)  # [S, A]
+  hit = overlap[np.arange(s)[:, None], best, g_of_a[None, :]]  # [S, A]
+  w = np.ones(s) if weights is None else np.asarray(weights, np.float64)
+  denom = (present * w[:, None]).sum(0)
+  with np.errstate(invalid="ignore", divide="ignore"):
+    per_attribute = np.where(denom > 0, (present & hit).astype(np.float64).T @ w / denom, np.nan)
+  value = float(np.nanmean(per_attribute)) if np.isfinite(per_attribute).any() else float("nan")
+  return per_attribute, value
+
+
+# ------------------------------------------------------------------------------------------------
+# NMI / ARI at keypoints (PDiscoFormer / MPAE protocol).
+
+
+def nmi_ari_from_counts(counts: np.ndarray) -> Tuple[float, float]:
+  """NMI (arithmetic normalization) and ARI of a contingency table, as scikit-learn computes
+  `normalized_mutual_info_score` / `adjusted_rand_score` from the labels behind it.
+
+  With n_ij the table, a_i / b_j its row / column sums and N its total:
+    MI  = sum_ij n_ij/N log(N n_ij / (a_i b_j)),  H(a) = -sum_i a_i/N log(a_i/N),
+    NMI = MI / ((H(a) + H(b)) / 2)  (1 if both labelings are a single cluster, 0 if MI = 0);
+    ARI = (I - E) / ((A + B) / 2 - E), I = sum_ij C(n_ij, 2), A = sum_i C(a_i, 2),
+          B = sum_j C(b_j, 2), E = A B / C(N, 2)  (1 if the pair counts fully agree).
+
+  Rows are one labeling (ground truth), columns the other; empty rows / columns are ignored.
+  Weighted (bootstrap) counts are allowed.
+  """
+  n = np.asarray(counts, np.float64)
+  n = n[n.sum(1) > 0][:, n.sum(0) > 0] if n.size else n
+  total = n.sum()
+  if total == 0:
+    return 1.0, 1.0
+  rows, cols = n.sum(1), n.sum(0)
+  # NMI.
+  if len(rows) == len(cols) == 1:
+    nmi = 1.0
+  elif len(rows) == 1 or len(cols) == 1:
+    nmi = 0.0
+  else:
+    nz = n > 0
+    mi = float((n[nz] / total * (np.log(n[nz]) + np.log(total)
+                                 - np.log(np.outer(rows, cols)[nz]))).sum())
+    entropy = lambda p: float(-(p / total * np.log(p / total)).sum())
+    if abs(mi) < 1e-15:
+      nmi = 0.0
+    else:
+      nmi = mi / ((entropy(rows) + entropy(cols)) / 2)
+  # ARI via the pair confusion matrix, as scikit-learn does.
+  sum_sq = float((n ** 2).sum())
+  tp = sum_sq - total
+  fp = float((n @ cols).sum()) - sum_sq
+  fn = float((n.T @ rows).sum()) - sum_sq
+  tn = total ** 2 - fp - fn - sum_sq
+  if fn == 0 and fp == 0:
+    ari = 1.0
+  else:
+    ari = 2.0 * (tp * tn - fn * fp) / ((tp + fn) * (fn + tn) + (tp + fp) * (fp + tn))
+  return nmi, ari
+
+
+def keypoint_nmi_ari(keypoint_part: np.ndarray, num_parts: int, *, include_background: bool = True,
+                     keypoint_part_foreground: Optional[np.ndarray] = None,
+                     weights=None) -> Dict[str, float]:
+  """NMI and ARI (x100) between keypoint group ids and the discovered part under each keypoint.
+
+  Protocol (PDiscoFormer / MPAE): every visible keypoint of every test image is one point; its
+  ground-truth label is its group g, its predicted label the discovered part at its pixel, pooled
+  over the set.
+    with background: the prediction ranges over the K parts and the background (argmax over all
+      K + 1 maps).
+    without background (MPAE's foreground-only variant): the argmax over the K foreground maps,
+      `keypoint_part_foreground`, when soft maps provide it; for hard maps, whose foreground
+      argmax is unknown where the background wins, keypoints on the background are dropped.
+
+  Args:
+    keypoint_part: int [S, G] in {-1, 0..K}.
+    num_parts: K.
+    include_background: which variant.
+    keypoint_part_foreground: optional int [S, G] in {-1, 0..K-1}.
+    weights: optional per-sample weights [S].
+
+  Returns:
+    {"nmi": float, "ari": float, "num_points": float}.
+  """
+  kp = np.asarray(keypoint_part, np.int64)
+  if not include_background:
+    if keypoint_part_foreground is not None:
+      kp = np.asarray(keypoint_part_foreground, np.int64)
+      if kp.size and kp.max() >= num_parts:
+        raise ValueError("keypoint_part_foreground must not contain the background id")
+    else:
+      kp = np.where(kp == num_parts, INVISIBLE, kp)
+  counts = keypoint_counts(kp, num_parts, weights)  # [K + 1, G]: parts x groups
+  nmi, ari = nmi_ari_from_counts(counts.T)
+  return {"nmi": 100.0 * nmi, "ari": 100.0 * ari, "num_points": float(counts.sum())}

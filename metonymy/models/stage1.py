@@ -1,0 +1,293 @@
+"""Stage 1: attribute-driven part discovery on a frozen backbone (paper §4.0.1).
+
+  z = backbone(x)                                   [B, h, w, D]  frozen patch features
+  s_k(ij) = -|z_ij - p_k|^2                          [B, K+1, h, w] (prototype K = background)
+  A = softmax((s + g) / tau) over k                  g ~ Gumbel in training only; eval is
+                                                     deterministic (PDiscoFormer keeps the noise)
+  v^k = (1/hw) sum_ij A_k(ij) z_ij                   [B, K+1, D]   (eq. 3)
+  v_m^k = LN_shared(v^k)                             one LayerNorm, the same for every part
+  S[:, k] = W v_m^k + b                              [B, A, K]     foreground parts only (eq. 4)
+  y_hat_c = sum_k softmax_k(S_c)_k S_ck              [B, A]        (eq. 5)
+
+The backbone's parameters are not part of the trainable tree: `init` returns only the head's
+parameters, and `apply` takes the backbone's as a separate `frozen` argument, so the optimizer
+never sees (or keeps state for) them.
+
+The model interface the trainer uses (Stage 2 implements the same; metonymy/train.py):
+
+  build(config, num_attributes) -> (model, frozen)       module-level; config.model.name names
+                                                          the module under metonymy/models/
+  model.backbone                                          the frozen VisionTransformer (its config
+                                                          gives image_mean/std and is saved for a
+                                                          random-init run)
+  model.init(rng, images, frozen) -> params               trainable parameters only
+  model.apply(params, frozen, images, *, train, rng) -> out
+      out["maps"] [B, K+1, h, w]        Stage-1 maps: the part-shaping priors act on them
+      out["logits"] {head: [B, A]}      every head gets an attribute BCE (Stage 2 adds "stage2")
+      out["part_embeddings"], out["modulated_embeddings"] [B, K+1, D]: the orthogonality loss
+  model.part_maps(params, frozen, images, *, train, rng)  the maps alone (the equivariance pass)
+  model.param_groups(params) -> tree of group names       keys of config.optimizer.learning_rates
+                                                          ("frozen" = no update, no state)
+
+`PartMasks.from_workdir(workdir)` turns a trained checkpoint into part maps, part ids on any
+patch grid, or pixel labels (the leakage benchmark's mask source).
+"""
+
+import importlib
+import json
+import os
+from typing import Any, Dict, Optional, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from metonymy.models import vit
+
+
+def route(scores: jnp.ndarray) -> Tuple[jnp.ndarray, jnp.ndarray]:
+  """Softmax routing over parts (eq. 5): scores S [B, A, K] -> (W [B, A, K], y_hat [B, A]),
+  y_hat_c = sum_k softmax_k(S_c)_k S_ck. Stage 2 routes its part scores the same way."""
+  routing = jax.nn.softmax(scores, axis=-1)
+  return routing, jnp.sum(routing * scores, axis=-1)
+
+
+class Stage1Head(nn.Module):
+  """Prototypes, Gumbel-softmax maps, pooling, the shared LayerNorm and the routed attribute head.
+
+  Attributes:
+    num_parts: K, foreground parts (K+1 prototypes with the background).
+    num_attributes: A.
+    temperature: Gumbel-softmax temperature tau.
+    norm_eps: epsilon of the shared LayerNorm (PyTorch's default; the paper's code is PyTorch).
+  """
+  num_parts: int
+  num_attributes: int
+  temperature: float = 1.0
+  norm_eps: float = 1e-5
+
+  @nn.compact
+  def __call__(self, features: jnp.ndarray, *, train: bool) -> Dict[str, Any]:
+    """features: float [B, h, w, D] (frozen). With train=True the "gumbel" RNG stream is used."""
+    features = features.astype(jnp.float32)
+    batch, height, width, dim = features.shape
+    groups = self.num_parts + 1
+    # A bias-free 1x1 conv's default PyTorch init: U(-1/sqrt(D), 1/sqrt(D)) per prototype.
+    prototypes = self.param(
+        "prototypes", nn.initializers.variance_scaling(1 / 3, "fan_in", "uniform", in_axis=-1,
+                                                       out_axis=-2), (groups, dim))
+    z = features.reshape(batch, height * width, dim)
+    # -|z - p|^2 expanded, so no [B, N, K+1, D] difference tensor is materialized. Full float32
+    # products: with TF32 (GPUs' default) z.p of norm-~30 vectors is off by ~1 logit unit.
+    highest = jax.lax.Precision.HIGHEST
+    cross = jnp.einsum("bnd,kd->bnk", z, prototypes, precision=highest)
+    logits = -(jnp.sum(z * z, -1, keepdims=True) - 2.0 * cross
+               + jnp.sum(prototypes * prototypes, -1)[None, None, :])          # [B, N, K+1]
+    if train:
+      logits_noisy = logits + jax.random.gumbel(self.make_rng("gumbel"), logits.shape)
+    else:
+      logits_noisy = logits
+    attention = jax.nn.softmax(logits_noisy / self.temperature, axis=-1)      # [B, N, K+1]
+    embeddings = jnp.einsum("bnk,bnd->bkd", attention, z,
+                            precision=highest) / (height * width)             # eq. 3
+    # One LayerNorm shared by all parts: it normalizes each part vector over D with the same
+    # affine parameters (not PDiscoFormer's joint [D, K+1] statistics).
+    modulated = nn.LayerNorm(epsilon=self.norm_eps, use_fast_variance=False, name="norm")(embeddings)
+    scores = nn.Dense(self.num_attributes, name="head")(modulated[:, :-1])    # [B, K, A]
+    scores = jnp.swapaxes(scores, 1, 2)                                        # [B, A, K]
+    routing, predicted = route(scores)
+    to_maps = lambda x: jnp.moveaxis(x, -1, 1).reshape(batch, groups, height, width)
+    return {
+        "maps": to_maps(attention),
+        "part_logits": to_maps(logits),
+        "part_embeddings": embeddings,
+        "modulated_embeddings": modulated,
+        "part_scores": scores,
+        "routing": routing,
+        "logits": {"stage1": predicted},
+    }
+
+
+class Stage1:
+  """Frozen backbone + `Stage1Head` (see the module docstring for the interface)."""
+
+  def __init__(self, backbone: vit.VisionTransformer, head: Stage1Head):
+    self.backbone = backbone
+    self.head = head
+
+  @property
+  def num_parts(self) -> int:
+    return self.head.num_parts
+
+  def features(self, frozen, images: jnp.ndarray) -> jnp.ndarray:
+    """Patch features z [B, h, w, D] of normalized images [B, H, W, 3]; no gradient flows back."""
+    tokens = self.backbone.apply({"params": frozen}, images)["patch_tokens"]
+    height, width = self.backbone.patch_grid(images.shape)
+    z = tokens.reshape(tokens.shape[0], height, width, tokens.shape[-1])
+    return jax.lax.stop_gradient(z)
+
+  def init(self, rng: jax.Array, images: jnp.ndarray, frozen=None):
+    """Trainable parameters for images like `images` (only their shape is used). `frozen` (the
+    backbone's parameters) is part of the interface so that a model can initialize trainable
+    weights from them (Stage 2's ViT starts as a copy); Stage 1 does not need it."""
+    del frozen
+    cfg = self.backbone.config
+    height, width = self.backbone.patch_grid(images.shape)
+    z = jnp.zeros((1, height, width, cfg.width), jnp.float32)
+    return self.head.init(rng, z, train=False)["params"]
+
+  def apply(self, params, frozen, images: jnp.ndarray, *, train: bool,
+            rng: Optional[jax.Array] = None) -> Dict[str, Any]:
+    """Forward pass.
+
+    Args:
+      params: trainable parameters (`init`); frozen: the backbone's parameters.
+      images: float32 [B, H, W, 3], normalized with the backbone's mean/std.
+      train: Gumbel noise on (needs `rng`) or off (deterministic maps).
+
+    Returns:
+      maps [B, K+1, h, w] (sum to 1 over parts; background last), part_logits [B, K+1, h, w]
+      (-squared distances), part_embeddings [B, K+1, D] (v, eq. 3), modulated_embeddings
+      [B, K+1, D] (after the shared LayerNorm), part_scores [B, A, K] (S), routing [B, A, K]
+      (W), logits {"stage1": [B, A]} (routed, eq. 5).
+    """
+    if train and rng is None:
+      raise ValueError("Stage1.apply(train=True) needs rng for the Gumbel noise.")
+    z = self.features(frozen, images)
+    rngs = {"gumbel": rng} if train else {}
+    return self.head.apply({"params": params}, z, train=train, rngs=rngs)
+
+  def part_maps(self, params, frozen, images, *, train: bool, rng=None) -> jnp.ndarray:
+    return self.apply(params, frozen, images, train=train, rng=rng)["maps"]
+
+  def param_groups(self, params):
+    """Optimizer group per leaf: "prototypes" for the prototypes, "heads" for the shared
+    LayerNorm and the attribute head (paper Appendix A: 1e-3 and 1e-2 at batch 64)."""
+    return {name: jax.tree_util.tree_map(lambda _: "prototypes" if name == "prototypes" else "heads",
+                                         sub) for name, sub in params.items()}
+
+
+def build(config, num_attributes: int) -> Tuple[Stage1, Any]:
+  """(model, frozen backbone parameters) for a config with `backbone` and `model` blocks."""
+  from metonymy import config_lib  # Avoids a models <-> config_lib import cycle.
+  _, frozen, vit_config = config_lib.build_backbone(config.backbone, config.seed)
+  backbone = vit.VisionTransformer(vit_config, dtype=jnp.dtype(config.backbone.dtype))
+  head = Stage1Head(num_parts=config.model.num_parts, num_attributes=num_attributes,
+                    temperature=config.model.temperature)
+  return Stage1(backbone, head), frozen
+
+
+# ------------------------------------------------------------------------------------------------
+# A trained Stage-1 checkpoint as a mask source.
+
+
+class PartMasks:
+  """Part maps and part ids of a trained Stage-1 model.
+
+    masks = PartMasks.from_workdir("workdirs/cub_single")          # latest checkpoint
+    maps = masks.maps(images)                      # float32 [B, K+1, h, w], background last
+    ids = masks.part_ids(images)                   # int32 [B, h, w] in [0, K], K = background
+    ids = masks.part_ids(images, grid=(16, 16))    # on another backbone's patch grid
+    labels, fg = masks.pixel_labels(images, mean, std)  # int32 [B, H, W] at the images' size
+
+  `images` are float32 [B, S, S, 3] at `image_size`, normalized with `image_mean`/`image_std`
+  (Stage 1's backbone); `renormalize` converts images normalized for another backbone, and
+  `pixel_maps` / `pixel_labels` take images of any size and normalization (the benchmark's).
+  Evaluation mode: no Gumbel noise, so the ids are a deterministic function of the image.
+  """
+
+  def __init__(self, model: Stage1, params, frozen, meta: Dict[str, Any]):
+    self.model, self.params, self.frozen, self.meta = model, params, frozen, meta
+    cfg = model.backbone.config
+    self.image_size = int(meta.get("image_size") or cfg.image_size)
+    self.image_mean, self.image_std = tuple(cfg.image_mean), tuple(cfg.image_std)
+    self.num_parts = model.num_parts
+    self._maps = jax.jit(lambda p, f, x: model.part_maps(p, f, x, train=False))
+
+  @classmethod
+  def from_workdir(cls, workdir: str, step: Optional[int] = None) -> "PartMasks":
+    """Loads the Stage-1 model trained in `workdir` (the latest checkpoint, or `step`)."""
+    import ml_collections
+    from metonymy.training import checkpointing  # Lazy: models must not need the trainer.
+    path = os.path.join(workdir, checkpointing.MODEL_FILE)
+    if not os.path.exists(path):
+      raise FileNotFoundError(f"{path} not found: {workdir} is not a Stage-1 training workdir.")
+    with open(path) as f:
+      meta = json.load(f)
+    if meta["model"]["name"] not in ("stage1", "two_stage"):
+      raise ValueError(f"{workdir} holds a {meta['model']['name']!r} model, not a part-discovery "
+                       "model ('stage1' or 'two_stage').")
+    backbone = dict(meta["backbone"])
+    saved = os.path.join(workdir, checkpointing.BACKBONE_DIR)
+    if not backbone["checkpoint"]:
+      if not os.path.isdir(saved):
+        raise FileNotFoundError(f"{workdir} trained on a random-init backbone but {saved} is "
+                                f"missing.")
+      backbone["checkpoint"] = saved
+    config = ml_collections.ConfigDict({"backbone": backbone, "model": meta["model"],
+                                        "seed": meta["seed"]})
+    module = importlib.import_module(f"metonymy.models.{meta['model']['name']}")
+    model, frozen = module.build(config, meta["num_attributes"])
+    images = jnp.zeros((1, meta["image_size"], meta["image_size"], 3), jnp.float32)
+    abstract = jax.eval_shape(model.init, jax.random.PRNGKey(0), images, frozen)
+    params, restored_step = checkpointing.restore_params(workdir, abstract, step)
+    meta = dict(meta, step=restored_step)
+    return cls(model, params, frozen, meta)
+
+  def part_features(self, images: jnp.ndarray) -> jnp.ndarray:
+    """Stage 2's isolated part features [B, K+1, D] of a two-stage checkpoint (images
+    normalized with Stage 1's mean/std, at `image_size`)."""
+    if not hasattr(self.model, "part_features"):
+      raise ValueError(f"{type(self.model).__name__} has no Stage-2 part features; train a "
+                       "two-stage model (configs/*_{soft,hard,ste}.py).")
+    return self.model.part_features(self.params, self.frozen, jnp.asarray(images, jnp.float32))
+
+  def renormalize(self, images: jnp.ndarray, mean, std) -> jnp.ndarray:
+    """Images normalized with (mean, std) -> normalized with Stage 1's (image_mean, image_std)."""
+    mean, std = jnp.asarray(mean, jnp.float32), jnp.asarray(std, jnp.float32)
+    raw = images * std + mean
+    return (raw - jnp.asarray(self.image_mean)) / jnp.asarray(self.image_std)
+
+  def maps(self, images: jnp.ndarray) -> jnp.ndarray:
+    """float32 [B, K+1, h, w] on Stage 1's patch grid, summing to 1 over parts."""
+    if images.ndim != 4 or images.shape[-1] != 3:
+      raise ValueError(f"images must be [B, H, W, 3], got {images.shape}")
+    return self._maps(self.params, self.frozen, jnp.asarray(images, jnp.float32))
+
+  def pixel_maps(self, images: jnp.ndarray, mean=None, std=None) -> jnp.ndarray:
+    """float32 [B, K+1, H, W]: the maps of images [B, H, W, 3] at the images' own resolution.
+
+    mean, std: the normalization `images` carry, if not Stage 1's (e.g. the leakage benchmark's
+    backbone's). Images of another size are resized (bilinear) to `image_size` for Stage 1, and
+    the maps resized bilinearly back to H x W.
+    """
+    images = jnp.asarray(images, jnp.float32)
+    if mean is not None or std is not None:
+      images = self.renormalize(images, self.image_mean if mean is None else mean,
+                                self.image_std if std is None else std)
+    batch, height, width = images.shape[:3]
+    size = self.image_size
+    if (height, width) != (size, size):
+      images = jax.image.resize(images, (batch, size, size, 3), "bilinear")
+    maps = self.maps(images)
+    return jax.image.resize(maps, maps.shape[:2] + (height, width), "bilinear")
+
+  def pixel_labels(self, images: jnp.ndarray, mean=None, std=None):
+    """(labels, foreground), int32 [B, H, W] each: the argmax over all K+1 pixel maps (K =
+    background) and over the K foreground maps alone. The leakage benchmark's mask-source form
+    (metonymy/probe/masks.py `PartMaps`)."""
+    maps = self.pixel_maps(images, mean, std)
+    return (jnp.argmax(maps, axis=1).astype(jnp.int32),
+            jnp.argmax(maps[:, :-1], axis=1).astype(jnp.int32))
+
+  def part_ids(self, images: jnp.ndarray, grid: Optional[Tuple[int, int]] = None) -> jnp.ndarray:
+    """int32 [B, h, w]: the argmax part of every patch, K = background.
+
+    grid: another patch grid (h', w'); the probabilities are resized bilinearly (half-pixel
+    centres, antialiased when shrinking) before the argmax, so a patch of the target grid takes
+    the part with the most mass over its footprint.
+    """
+    maps = self.maps(images)
+    if grid is not None and tuple(grid) != maps.shape[-2:]:
+      maps = jax.image.resize(maps, maps.shape[:2] + tuple(grid), "bilinear")
+    return jnp.argmax(maps, axis=1).astype(jnp.int32)

@@ -1,0 +1,152 @@
+"""Two-stage part discovery: Stage 1's maps drive Stage 2's isolated part streams (paper §4.0.2).
+
+  Stage 1 (frozen backbone + trainable head, models/stage1.py) -> maps A [B, K+1, h1, w1]
+  Stage 2: a second ViT, initialised from the same weights and trainable, runs the early-masked
+    forward: K+1 prefix copies, part k's copy and part k's patches form an isolated clique.
+    The clique mask comes from A on Stage 2's patch grid (bilinearly resized if the grids differ):
+      hard: argmax part per patch -> boolean block mask. Zero leakage, no gradient to Stage 1.
+      soft: additive bias log sum_k a_i^k a_j^k (attention_masks.soft_group_attention_bias).
+            Differentiable, but every part sees every patch a little: it leaks.
+      ste:  per attention layer SG(H_hard) + H_soft - SG(H_soft): the forward is the hard one
+            bit for bit (zero leakage); the backward is the soft one (Stage 1 learns from Stage 2).
+  f^k = part k's CLS (or the mean of CLS and registers) after the final norm   [B, K+1, D]
+  S2[:, k] = W2 LN2(f^k) + b2 over the K foreground parts; routed as eq. 5 -> logits "stage2".
+
+Why STE per layer rather than once for the whole stream: once-per-stream needs a full soft
+forward beside the hard one (two Stage-2 passes), while per layer shares the qkv projections,
+the MLPs and the attention scores, adding one softmax-weighted sum per layer. Both give an exact
+hard forward; `python -m metonymy.bench two_stage` measures the cost against hard and soft.
+
+The model follows the trainer's interface (models/stage1.py docstring): `out["logits"]` holds
+"stage1" and "stage2", so the objective sums both attribute losses with the priors (eq. 9), and
+evaluation adds their sum as the "ensemble" (Table S6).
+"""
+
+from typing import Any, Dict, Optional, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from metonymy.models import attention_masks
+from metonymy.models import stage1 as stage1_lib
+from metonymy.models import vit
+
+MASKS = ("soft", "hard", "ste")
+FEATURES = ("cls", "cls_registers")
+
+
+def maps_to_patch_grid(maps: jnp.ndarray, grid: Tuple[int, int]) -> jnp.ndarray:
+  """Stage-1 maps [B, K+1, h1, w1] -> part probabilities [B, h*w, K+1] on Stage 2's grid.
+
+  Different patch sizes give different grids: the maps are resized bilinearly and renormalized
+  so each patch's probabilities still sum to 1.
+  """
+  if tuple(maps.shape[-2:]) != tuple(grid):
+    maps = jax.image.resize(maps, maps.shape[:2] + tuple(grid), "bilinear")
+    maps = maps / jnp.maximum(jnp.sum(maps, axis=1, keepdims=True), 1e-12)
+  batch, groups = maps.shape[:2]
+  return jnp.moveaxis(maps.reshape(batch, groups, -1), 1, -1)
+
+
+class Stage2(nn.Module):
+  """The isolated part streams and their routed attribute head.
+
+  Attributes:
+    backbone: the ViT architecture (the same pretrained weights as Stage 1's, trainable here).
+    num_parts: K foreground parts.
+    num_attributes: A.
+    mask: "soft", "hard" or "ste".
+    feature: "cls" or "cls_registers" (mean of each part's CLS and register tokens).
+  """
+  backbone: vit.ViTConfig
+  num_parts: int
+  num_attributes: int
+  mask: str = "ste"
+  feature: str = "cls"
+  norm_eps: float = 1e-5
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, images: jnp.ndarray, part_probs: jnp.ndarray) -> Dict[str, jnp.ndarray]:
+    """images [B, H, W, 3]; part_probs [B, N, K+1] on Stage 2's patch grid (rows sum to 1)."""
+    if self.mask not in MASKS:
+      raise ValueError(f"stage2 mask must be one of {MASKS}, got {self.mask!r}")
+    if self.feature not in FEATURES:
+      raise ValueError(f"stage2 feature must be one of {FEATURES}, got {self.feature!r}")
+    model = vit.VisionTransformer(self.backbone, dtype=self.dtype, name="backbone")
+    grid = model.patch_grid(images.shape)
+    part_ids = jnp.argmax(jax.lax.stop_gradient(part_probs), axis=-1).reshape((-1,) + grid)
+    kwargs = {}
+    if self.mask != "hard":
+      bias = attention_masks.soft_group_attention_bias(part_probs, self.backbone.num_prefix)
+      kwargs = {"attention_bias" if self.mask == "soft" else "straight_through_bias": bias}
+    out = model(images, part_ids=part_ids, num_parts=self.num_parts, **kwargs)
+    tokens = out["part_tokens"]                                               # [B, K+1, P, D]
+    features = tokens[:, :, 0] if self.feature == "cls" else jnp.mean(tokens, axis=2)
+    modulated = nn.LayerNorm(epsilon=self.norm_eps, use_fast_variance=False, name="norm")(features)
+    scores = jnp.swapaxes(nn.Dense(self.num_attributes, name="head")(modulated[:, :-1]), 1, 2)
+    routing, predicted = stage1_lib.route(scores)
+    return {"part_features": features, "part_scores": scores, "routing": routing,
+            "logits": predicted, "part_ids": part_ids}
+
+
+class TwoStage:
+  """Stage 1 + Stage 2 behind the trainer's model interface."""
+
+  def __init__(self, stage1: stage1_lib.Stage1, stage2: Stage2):
+    self.stage1 = stage1
+    self.stage2 = stage2
+    self.backbone = stage1.backbone  # The frozen ViT (its config gives mean/std).
+
+  @property
+  def num_parts(self) -> int:
+    return self.stage1.num_parts
+
+  def init(self, rng: jax.Array, images: jnp.ndarray, frozen=None):
+    """{"stage1": head params, "stage2": {"backbone": a copy of `frozen`, "norm", "head"}}."""
+    if frozen is None:
+      raise ValueError("TwoStage.init needs the frozen backbone parameters: Stage 2 starts as "
+                       "a copy of them.")
+    rng1, rng2 = jax.random.split(rng)
+    groups = self.num_parts + 1
+    grid = self.backbone.patch_grid(images.shape)
+    probs = jnp.full((1, grid[0] * grid[1], groups), 1.0 / groups)
+    stage2 = self.stage2.init(rng2, jnp.zeros((1,) + images.shape[1:], jnp.float32), probs)["params"]
+    stage2 = dict(stage2, backbone=jax.tree_util.tree_map(jnp.array, frozen))
+    return {"stage1": self.stage1.init(rng1, images, frozen), "stage2": stage2}
+
+  def apply(self, params, frozen, images: jnp.ndarray, *, train: bool,
+            rng: Optional[jax.Array] = None) -> Dict[str, Any]:
+    """Stage 1's outputs (maps, embeddings, ... see Stage1.apply), plus Stage 2's:
+    stage2_part_features [B, K+1, D], stage2_part_scores [B, A, K], stage2_part_ids [B, h, w],
+    and logits {"stage1": [B, A], "stage2": [B, A]}."""
+    out = dict(self.stage1.apply(params["stage1"], frozen, images, train=train, rng=rng))
+    probs = maps_to_patch_grid(out["maps"], self.backbone.patch_grid(images.shape))
+    second = self.stage2.apply({"params": params["stage2"]}, images, probs)
+    out["logits"] = dict(out["logits"], stage2=second["logits"])
+    out.update(stage2_part_features=second["part_features"],
+               stage2_part_scores=second["part_scores"], stage2_part_ids=second["part_ids"])
+    return out
+
+  def part_maps(self, params, frozen, images, *, train: bool, rng=None) -> jnp.ndarray:
+    return self.stage1.part_maps(params["stage1"], frozen, images, train=train, rng=rng)
+
+  def part_features(self, params, frozen, images) -> jnp.ndarray:
+    """Stage 2's per-part features [B, K+1, D] (deterministic Stage-1 maps), for the benchmark."""
+    return self.apply(params, frozen, images, train=False)["stage2_part_features"]
+
+  def param_groups(self, params):
+    """Stage 1's groups; Stage 2's ViT is "backbone" (2e-6), its LayerNorm and head "heads"."""
+    stage2 = {name: jax.tree_util.tree_map(lambda _: "backbone" if name == "backbone" else "heads",
+                                           sub) for name, sub in params["stage2"].items()}
+    return {"stage1": self.stage1.param_groups(params["stage1"]), "stage2": stage2}
+
+
+def build(config, num_attributes: int) -> Tuple[TwoStage, Any]:
+  """(model, frozen backbone parameters) for a config whose `model` block has a `stage2` block."""
+  stage1, frozen = stage1_lib.build(config, num_attributes)
+  stage2 = Stage2(backbone=stage1.backbone.config, num_parts=config.model.num_parts,
+                  num_attributes=num_attributes, mask=config.model.stage2.mask,
+                  feature=config.model.stage2.feature, dtype=jnp.dtype(config.backbone.dtype))
+  return TwoStage(stage1, stage2), frozen

@@ -1,0 +1,88 @@
+"""The part-discovery training objective (eq. 9) for any model with the trainer's interface.
+
+  L = sum_heads L_att(head) + w_perp L_perp + w_tv L_tv + w_eq L_eq + w_fg L_p,fg + w_bg L_p,bg
+      + w_ent L_ent
+
+`heads` are the entries of the model's `out["logits"]`: {"stage1"} for the single-stage model;
+Stage 2 adds "stage2", which gives eq. 9's L_att,stage1 + L_att,stage2 without a change here.
+The priors act on `out["maps"]` (Stage 1's maps in both models). A term whose weight is 0 is not
+computed (an equivariance weight of 0 saves the second forward pass).
+"""
+
+from typing import Any, Dict, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from metonymy import geometry
+from metonymy import losses
+
+WEIGHT_KEYS = ("attribute", "orthogonality", "total_variation", "equivariance",
+               "foreground_presence", "background_presence", "entropy")
+ORTHOGONALITY = {"decorrelated": losses.decorrelated_orthogonality,
+                 "pdisco": losses.pdisco_orthogonality}
+EMBEDDINGS = {"embeddings": "part_embeddings", "modulated": "modulated_embeddings"}
+
+
+def check_config(loss_config) -> None:
+  """Fails early, naming the key, on a loss config the objective cannot use."""
+  weights = dict(loss_config.weights)
+  unknown = sorted(set(weights) - set(WEIGHT_KEYS))
+  missing = sorted(set(WEIGHT_KEYS) - set(weights))
+  if unknown or missing:
+    raise ValueError(f"config.loss.weights: unknown keys {unknown}, missing keys {missing}; "
+                     f"expected exactly {list(WEIGHT_KEYS)}.")
+  for key, value in weights.items():
+    if value < 0:
+      raise ValueError(f"config.loss.weights.{key} must be >= 0, got {value}")
+  if loss_config.orthogonality not in ORTHOGONALITY:
+    raise ValueError(f"config.loss.orthogonality must be one of {sorted(ORTHOGONALITY)}, got "
+                     f"{loss_config.orthogonality!r}")
+  if loss_config.orthogonality_on not in EMBEDDINGS:
+    raise ValueError(f"config.loss.orthogonality_on must be one of {sorted(EMBEDDINGS)}, got "
+                     f"{loss_config.orthogonality_on!r}")
+
+
+def loss_fn(model, params, frozen, batch: Dict[str, jnp.ndarray], rng: jax.Array,
+            loss_config) -> Tuple[jnp.ndarray, Dict[str, Any]]:
+  """(total loss, metrics) of one training batch.
+
+  Args:
+    model: the trainer's model interface (see models/stage1.py).
+    batch: image float32 [B, H, W, 3], attributes float32 [B, A], attribute_valid bool [B, A].
+    rng: this step's key (Gumbel noise of both passes and the equivariance transform).
+    loss_config: config.loss (weights, orthogonality, orthogonality_on, equivariance ranges).
+
+  Returns:
+    The weighted sum, and {"loss/<term>": unweighted value} for every computed term.
+  """
+  weights = loss_config.weights
+  rng_model, rng_warp, rng_model_warped = jax.random.split(rng, 3)
+  out = model.apply(params, frozen, batch["image"], train=True, rng=rng_model)
+  maps = out["maps"]
+  terms = {}
+  for head, logits in out["logits"].items():
+    terms[f"attribute_{head}"] = (weights.attribute, losses.attribute_bce(
+        logits, batch["attributes"], batch.get("attribute_valid")))
+  if weights.orthogonality:
+    vectors = out[EMBEDDINGS[loss_config.orthogonality_on]]
+    terms["orthogonality"] = (weights.orthogonality,
+                              ORTHOGONALITY[loss_config.orthogonality](vectors))
+  if weights.total_variation:
+    terms["total_variation"] = (weights.total_variation, losses.total_variation(maps))
+  if weights.foreground_presence:
+    terms["foreground_presence"] = (weights.foreground_presence, losses.foreground_presence(maps))
+  if weights.background_presence:
+    terms["background_presence"] = (weights.background_presence, losses.background_presence(maps))
+  if weights.entropy:
+    terms["entropy"] = (weights.entropy, losses.pixel_entropy(maps))
+  if weights.equivariance:
+    eq = loss_config.equivariance
+    transform = geometry.sample_affine(rng_warp, eq.degrees, eq.translate, tuple(eq.scale))
+    warped = geometry.warp_images(batch["image"], transform)
+    maps_warped = model.part_maps(params, frozen, warped, train=True, rng=rng_model_warped)
+    terms["equivariance"] = (weights.equivariance,
+                             losses.equivariance(maps, maps_warped, transform))
+  total = sum(weight * value for weight, value in terms.values())
+  metrics = {f"loss/{name}": value for name, (_, value) in terms.items()}
+  return total, metrics

@@ -1,0 +1,277 @@
+"""The training job (`job = "train"`): one loop for the single-stage and two-stage models.
+
+  python -m metonymy.main --config=configs/synthetic_single.py:runlocal --workdir=/tmp/w
+
+What a model must provide is in models/stage1.py's docstring (init / apply / part_maps /
+param_groups, and a module-level `build(config, num_attributes) -> (model, frozen_params)`);
+`config.model.name` names the module under metonymy/models/. The objective is
+objective.loss_fn, which sums the attribute loss of every logits head the model returns.
+
+The run, in order:
+  1. mesh over all devices (data parallel, optional FSDP), set with jax.set_mesh;
+  2. data sources and Grain pipelines (this process's share of every global batch);
+  3. model + frozen backbone; the trainable state is initialized directly into its shardings;
+  4. resume from WORKDIR/checkpoints if a checkpoint exists (parameters, optimizer, step, RNG and
+     the data iterator's position), so a killed run continues bit-identically;
+  5. the loop: step, then logging (JSONL, TensorBoard, console with steps/s and ETA),
+     checkpoints and evaluation at their intervals. A non-finite loss or gradient norm stops the
+     run before anything after it is saved.
+"""
+
+import importlib
+import json
+import os
+from typing import Any, Dict
+
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from jax.experimental import multihost_utils
+
+from metonymy import objective
+from metonymy.checkpoints import store
+from metonymy.data import pipeline
+from metonymy.models import vit
+from metonymy.training import checkpointing
+from metonymy.training import evaluate
+from metonymy.training import inputs
+from metonymy.training import optimizer
+from metonymy.training import sharding
+from metonymy.training import writers
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array       # int32 []: optimizer steps taken
+  params: Any           # trainable parameters only
+  opt_state: Any
+  rng: jax.Array        # uint32 [2]: the run's key; step s uses fold_in(rng, s)
+
+
+class NonFiniteError(FloatingPointError):
+  """The loss or the gradients became NaN/Inf; the message names the step and the last good
+  checkpoint."""
+
+
+def run(config, workdir: str) -> Dict[str, float]:
+  """Trains (or resumes) in `workdir`; returns the last evaluation's scalars."""
+  writers.quiet_library_logs()
+  mesh = sharding.make_mesh(config.mesh)
+  with jax.set_mesh(mesh):
+    return _train(config, workdir, mesh)
+
+
+def _batch_sizes(config, mesh) -> int:
+  global_batch = config.data.batch_size
+  devices, processes = mesh.size, jax.process_count()
+  for key, size in (("batch_size", global_batch), ("eval_batch_size", config.data.eval_batch_size)):
+    if size % devices or size % processes:
+      raise ValueError(f"config.data.{key}={size} must be divisible by the {devices} devices and "
+                       f"{processes} processes.")
+  return global_batch
+
+
+def _load_model(config, workdir: str, num_attributes: int):
+  """(model, frozen params); a random-init backbone is saved once and reloaded on resume."""
+  if config.backbone.checkpoint and not os.path.exists(config.backbone.checkpoint):
+    raise FileNotFoundError(
+        f"config.backbone.checkpoint={config.backbone.checkpoint!r} does not exist. Convert a "
+        f"checkpoint with `python -m metonymy.checkpoints convert --input FILE --output DIR` and "
+        f"pass --config.backbone.checkpoint=DIR (or set it to '' for a random-init backbone).")
+  module = importlib.import_module(f"metonymy.models.{config.model.name}")
+  saved = os.path.join(workdir, checkpointing.BACKBONE_DIR)
+  exists = store.is_converted(saved)
+  if jax.process_count() > 1:  # One decision for all: saving and loading are collective.
+    exists = bool(multihost_utils.broadcast_one_to_all(np.asarray(exists)))
+  if config.backbone.checkpoint or not exists:
+    model, frozen = module.build(config, num_attributes)
+    if not config.backbone.checkpoint:  # Every process: Orbax saves collectively.
+      store.save_converted(saved, model.backbone.config, frozen,
+                           source=f"random init of {config.backbone.preset}, seed {config.seed}")
+    return model, frozen
+  # Resuming a random-init run: the saved backbone, not a re-draw (immune to RNG changes).
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.backbone.checkpoint = saved
+  return module.build(config, num_attributes)
+
+
+def _write_model_file(config, workdir: str, info) -> None:
+  """What models/<name>.PartMasks.from_workdir needs to rebuild the model without the data."""
+  if jax.process_index() != 0:
+    return
+  meta = {"model": config.model.to_dict(), "backbone": config.backbone.to_dict(),
+          "seed": config.seed, "image_size": config.data.image_size,
+          "dataset": config.data.dataset, "num_attributes": info.num_attributes,
+          "attribute_names": list(info.attribute_names), "part_names": list(info.part_names)}
+  with open(os.path.join(workdir, checkpointing.MODEL_FILE), "w") as f:
+    json.dump(meta, f, indent=2)
+
+
+def _global_norm(tree) -> jax.Array:
+  """sqrt of the sum of squares of every leaf (a NaN or Inf anywhere makes it non-finite)."""
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(tree)))
+
+
+def _finite_or_raise(step: int, metrics, mngr, writer) -> Dict[str, float]:
+  """Host copy of a step's metrics; raises NonFiniteError if the loss or grad norm is not finite."""
+  values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+  if np.isfinite(values["loss"]) and np.isfinite(values["grad_norm"]):
+    return values
+  writer.write_scalars(step, values)
+  mngr.wait_until_finished()
+  last = mngr.latest_step()
+  where = (f"the last good checkpoint is step {last} in {checkpointing.directory(writer.workdir)}; "
+           f"rerunning the same command resumes from it" if last is not None
+           else "no checkpoint was saved before it")
+  bad = {k: v for k, v in values.items() if not np.isfinite(v)}
+  raise NonFiniteError(f"Non-finite training values at step {step}: {bad}. The run stopped "
+                       f"without saving this state; {where}. Lower the learning rates "
+                       f"(config.optimizer.learning_rates) or check the inputs.")
+
+
+def _train(config, workdir: str, mesh) -> Dict[str, float]:
+  objective.check_config(config.loss)
+  os.makedirs(workdir, exist_ok=True)
+  batch_size = _batch_sizes(config, mesh)
+  per_process = batch_size // jax.process_count()
+
+  # Data.
+  train_source, eval_source = inputs.sources(config.data)
+  info = train_source.info
+  steps_per_epoch = pipeline.num_batches(len(train_source), per_process, train=True,
+                                         shard_count=jax.process_count())
+  total_steps = config.trainer.num_steps or config.trainer.num_epochs * steps_per_epoch
+  if total_steps < 1:
+    raise ValueError(f"The run has no steps: config.trainer.num_steps={config.trainer.num_steps}, "
+                     f"num_epochs={config.trainer.num_epochs}, {steps_per_epoch} steps per epoch.")
+  every = lambda value: value or steps_per_epoch  # 0 = once per epoch.
+  log_every = config.trainer.log_every_steps
+  checkpoint_every = every(config.trainer.checkpoint_every_steps)
+  eval_every = every(config.trainer.eval_every_steps)
+
+  # Model, optimizer, sharded state.
+  model, frozen = _load_model(config, workdir, info.num_attributes)
+  _write_model_file(config, workdir, info)
+  vit_config = model.backbone.config
+  train_ds = inputs.train_pipeline(train_source, config.data, vit_config.image_mean,
+                                   vit_config.image_std, per_process, config.seed)
+  eval_ds = inputs.eval_pipeline(eval_source, config.data, vit_config.image_mean,
+                                 vit_config.image_std, config.data.eval_batch_size // jax.process_count())
+  size = config.data.image_size
+  images = jnp.zeros((1, size, size, 3), jnp.float32)
+  rng_init, rng_train = jax.random.split(jax.random.PRNGKey(config.seed))
+  abstract_params = jax.eval_shape(model.init, rng_init, images, frozen)
+  tx, schedules = optimizer.make(config.optimizer, model.param_groups(abstract_params),
+                                 total_steps, batch_size)
+
+  def init_state(rng, frozen):
+    params = model.init(rng, images, frozen)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                      rng=rng_train)
+
+  abstract_state = jax.eval_shape(init_state, rng_init, frozen)
+  state_sh = sharding.state_shardings(mesh, abstract_state, config.mesh.fsdp_min_size)
+  frozen_sh = sharding.state_shardings(mesh, frozen, config.mesh.fsdp_min_size)
+  frozen = jax.device_put(frozen, frozen_sh)
+  batch_sh = sharding.batch_sharding(mesh)
+  replicated = sharding.replicated(mesh)
+
+  def train_step(state: TrainState, frozen, batch):
+    rng = jax.random.fold_in(state.rng, state.step)
+    loss_and_grad = jax.value_and_grad(
+        lambda p: objective.loss_fn(model, p, frozen, batch, rng, config.loss), has_aux=True)
+    (loss, metrics), grads = loss_and_grad(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = dict(metrics, loss=loss, grad_norm=_global_norm(grads),
+                   param_norm=_global_norm(params))
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+  def eval_step(params, frozen, batch):
+    out = model.apply(params, frozen, batch["image"], train=False)
+    result = {k: v for k, v in batch.items() if k != "image"}
+    result.update(maps=out["maps"], logits=out["logits"])
+    return result
+
+  train_step = jax.jit(train_step, in_shardings=(state_sh, frozen_sh, batch_sh),
+                       out_shardings=(state_sh, replicated), donate_argnums=(0,))
+  eval_step = jax.jit(eval_step, in_shardings=(state_sh.params, frozen_sh, batch_sh),
+                      out_shardings=replicated)
+
+  # Resume or start.
+  mngr = checkpointing.manager(workdir, config.trainer.keep_checkpoints)
+  writer = writers.MetricWriter(workdir, enabled=jax.process_index() == 0)
+  train_iter = iter(train_ds)
+  latest = mngr.latest_step()
+  if latest is not None:
+    target = jax.tree_util.tree_map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, state_sh)
+    state = checkpointing.restore(mngr, latest, target, train_iter)
+    writers.console(f"Resumed from step {latest} ({checkpointing.directory(workdir)}).")
+  else:
+    state = jax.jit(init_state, in_shardings=(replicated, frozen_sh),
+                    out_shardings=state_sh)(rng_init, frozen)
+  step = int(jax.device_get(state.step))
+  writers.console(
+      f"Training {config.model.name}: {vit.count_params(state.params):,} trainable parameters, "
+      f"{vit.count_params(frozen):,} frozen; {total_steps} steps ({steps_per_epoch}/epoch) at "
+      f"batch {batch_size} on {mesh.size} device(s) {dict(mesh.shape)}.")
+
+  def predict(host_batch):
+    batch = sharding.global_batch(inputs.device_keys(host_batch, inputs.EVAL_KEYS), batch_sh)
+    return jax.device_get(eval_step(state.params, frozen, batch))
+
+  def run_eval(step: int) -> Dict[str, float]:
+    result = evaluate.evaluate(predict, iter(eval_ds), image_mean=vit_config.image_mean,
+                               image_std=vit_config.image_std,
+                               num_images=config.trainer.eval_images)
+    scalars = {f"eval/{k}": v for k, v in result["scalars"].items()}
+    writer.write_scalars(step, scalars)
+    if result["image"] is not None:
+      writer.write_image(step, "eval/part_maps", result["image"])
+    writers.console(f"eval @ {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in scalars.items()))
+    return scalars
+
+  if step >= total_steps:
+    writers.console(f"Nothing to do: the run in {workdir} already reached step {step}.")
+  progress = writers.Progress(total_steps, step)
+  first_step = True
+  pending = None  # The previous step's metrics, checked one step late to keep the device busy.
+  last_eval: Dict[str, float] = {}
+  try:
+    while step < total_steps:
+      host_batch = next(train_iter)
+      batch = sharding.global_batch(inputs.device_keys(host_batch, inputs.TRAIN_KEYS), batch_sh)
+      state, metrics = train_step(state, frozen, batch)
+      if pending is not None:
+        _finite_or_raise(*pending, mngr, writer)
+      step += 1
+      pending = (step, metrics)
+      if first_step:  # Time from here: the first step includes compilation.
+        jax.block_until_ready(metrics)
+        progress, first_step = writers.Progress(total_steps, step), False
+      last = step == total_steps
+      if step % log_every == 0 or last:
+        values = _finite_or_raise(step, metrics, mngr, writer)
+        values.update({f"lr/{g}": float(fn(step - 1)) for g, fn in schedules.items()})
+        values["epoch"] = step / steps_per_epoch
+        rate = progress.update(step)
+        if np.isfinite(progress.steps_per_second):
+          values["steps_per_second"] = progress.steps_per_second
+        writer.write_scalars(step, values)
+        writers.console(f"step {step}/{total_steps} (epoch {values['epoch']:.2f}) "
+                        f"loss {values['loss']:.4f} | {rate}")
+      if step % checkpoint_every == 0 or last:
+        _finite_or_raise(step, metrics, mngr, writer)
+        checkpointing.save(mngr, state, train_iter)
+      if step % eval_every == 0 or last:
+        with progress.pause():
+          last_eval = run_eval(step)
+  finally:
+    mngr.wait_until_finished()
+    mngr.close()
+    writer.close()
+  return last_eval

@@ -1,0 +1,83 @@
+"""The trainer's data: sources and Grain pipelines from a config.data block.
+
+Training batches carry `image`, `attributes`, `attribute_valid`; evaluation batches also
+`valid`, and `keypoints` / `keypoint_visible` when the dataset has them. Other keys (masks,
+segmentations) are dropped before augmentation, so no time goes into warping them.
+"""
+
+from typing import Dict, Tuple
+
+import numpy as np
+
+from metonymy import data as data_lib
+from metonymy.data import pipeline
+from metonymy.data import transforms
+
+TRAIN_KEYS = ("image", "attributes", "attribute_valid")
+EVAL_KEYS = TRAIN_KEYS + ("valid", "keypoints", "keypoint_visible")
+
+
+class Subset:
+  """The first `size` examples of a source (picklable, for Grain workers)."""
+
+  def __init__(self, source, size: int):
+    self.source, self.size = source, min(int(size), len(source))
+    self.info = source.info
+
+  def __len__(self) -> int:
+    return self.size
+
+  def __getitem__(self, index):
+    if not 0 <= int(index) < self.size:
+      raise IndexError(f"index {index} out of range [0, {self.size})")
+    return self.source[index]
+
+
+def sources(data_config) -> Tuple[object, object]:
+  """(train source, eval source) of config.data."""
+  if data_config.dataset != "synthetic" and not data_config.root:
+    raise ValueError(f"config.data.root is empty: set --config.data.root=DIR to the "
+                     f"{data_config.dataset} folder.")
+  options = data_config.options.to_dict() if hasattr(data_config.options, "to_dict") else dict(
+      data_config.options)
+  root = data_config.root or None
+  train = data_lib.make_source(data_config.dataset, root, data_config.train_split, **options)
+  evaluation = data_lib.make_source(data_config.dataset, root, data_config.eval_split, **options)
+  if data_config.eval_examples:
+    evaluation = Subset(evaluation, data_config.eval_examples)
+  return train, evaluation
+
+
+class _Select:
+  """Keeps `keys` of an example (picklable)."""
+
+  def __init__(self, keys):
+    self.keys = tuple(keys)
+
+  def __call__(self, example, rng=None):
+    return {k: example[k] for k in self.keys if k in example}
+
+
+def train_pipeline(source, data_config, mean, std, batch_size: int, seed: int):
+  """Infinite, shuffled, augmented training batches of `batch_size` (this process's share)."""
+  augment = transforms.Compose([
+      _Select(TRAIN_KEYS),  # First: the geometry then moves nothing the step does not use.
+      transforms.standard(data_config.image_size, train=True, mean=mean, std=std,
+                          crop_scale=tuple(data_config.crop_scale))])
+  return pipeline.make_pipeline(source, batch_size=batch_size, train=True, seed=seed,
+                                transforms=augment, worker_count=data_config.worker_count,
+                                read_threads=data_config.read_threads)
+
+
+def eval_pipeline(source, data_config, mean, std, batch_size: int):
+  """One padded pass over the evaluation split (`valid` marks real examples)."""
+  prepare = transforms.Compose([
+      _Select(EVAL_KEYS),
+      transforms.standard(data_config.image_size, train=False, mean=mean, std=std)])
+  return pipeline.make_pipeline(source, batch_size=batch_size, train=False, transforms=prepare,
+                                worker_count=data_config.worker_count,
+                                read_threads=data_config.read_threads)
+
+
+def device_keys(batch: Dict[str, np.ndarray], keys) -> Dict[str, np.ndarray]:
+  return {k: batch[k] for k in keys if k in batch}

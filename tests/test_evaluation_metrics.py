@@ -1,0 +1,259 @@
+"""Metrics of metonymy/evaluation against hand-computed cases and scikit-learn (issue 4)."""
+
+import math
+
+import numpy as np
+import pytest
+from sklearn import metrics as skm
+
+from metonymy.evaluation import bootstrap
+from metonymy.evaluation import metrics
+from metonymy.evaluation import part_metrics
+from metonymy.probe import linear
+
+
+# ------------------------------------------------------------------------------------------------
+# AP / AUROC.
+
+
+def test_average_precision_and_auroc_hand_computed():
+  scores = np.array([0.9, 0.8, 0.7, 0.6])
+  labels = np.array([1, 0, 1, 0])
+  # Positives at ranks 1 and 3: AP = (1/1 + 2/3) / 2.
+  assert metrics.average_precision(scores, labels) == pytest.approx((1 + 2 / 3) / 2)
+  # Pairs (pos > neg): 0.9 beats both negatives, 0.7 beats 0.6 only: 3 of 4.
+  assert metrics.roc_auc(scores, labels) == pytest.approx(0.75)
+  # A tie between a positive and a negative counts half, and shares one precision value.
+  tied = np.array([0.5, 0.5, 0.1])
+  assert metrics.roc_auc(tied, np.array([1, 0, 0])) == pytest.approx(0.75)
+  assert metrics.average_precision(tied, np.array([1, 0, 0])) == pytest.approx(0.5)
+
+
+def test_undefined_columns_are_nan():
+  scores = np.random.default_rng(0).standard_normal((10, 2))
+  labels = np.zeros((10, 2))
+  labels[:, 1] = 1
+  ap = metrics.average_precision(scores, labels)
+  auc = metrics.roc_auc(scores, labels)
+  assert math.isnan(ap[0]) and ap[1] == pytest.approx(1.0)
+  assert np.isnan(auc).all()  # one class only in both columns
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ap_auroc_match_sklearn_with_ties_and_weights(seed):
+  rng = np.random.default_rng(seed)
+  scores = np.round(rng.standard_normal((300, 12)), 1)  # many ties
+  labels = (rng.random((300, 12)) < 0.3).astype(int)
+  weights = rng.integers(0, 4, 300).astype(float)
+  ap = metrics.average_precision(scores, labels, weights)
+  auc = metrics.roc_auc(scores, labels, weights)
+  for m in range(12):
+    assert ap[m] == pytest.approx(skm.average_precision_score(labels[:, m], scores[:, m],
+                                                              sample_weight=weights), abs=1e-12)
+    assert auc[m] == pytest.approx(skm.roc_auc_score(labels[:, m], scores[:, m],
+                                                     sample_weight=weights), abs=1e-12)
+  # Integer weights are multiplicities: the same as sklearn on the resampled data.
+  rows = np.repeat(np.arange(300), weights.astype(int))
+  assert ap[3] == pytest.approx(skm.average_precision_score(labels[rows, 3], scores[rows, 3]))
+
+
+def test_sorted_columns_equal_direct_computation():
+  rng = np.random.default_rng(3)
+  scores = np.round(rng.standard_normal((200, 7)), 1)
+  labels = (rng.random((200, 7)) < 0.4).astype(int)
+  valid = rng.random((200, 7)) > 0.2
+  cols = metrics.SortedColumns(scores, labels, valid)
+  for _ in range(3):
+    w = rng.multinomial(200, np.full(200, 1 / 200)).astype(float)
+    np.testing.assert_allclose(cols.average_precision(w),
+                               metrics.average_precision(scores, labels, w[:, None] * valid),
+                               atol=1e-12)
+    np.testing.assert_allclose(cols.roc_auc(w), metrics.roc_auc(scores, labels, w[:, None] * valid),
+                               atol=1e-12)
+
+
+def test_map_matrix_groups_attributes():
+  rng = np.random.default_rng(0)
+  labels = (rng.random((50, 4)) < 0.5).astype(float)
+  logits = np.stack([labels * 2 - 1, rng.standard_normal((50, 4))], 1)  # part 0 perfect
+  m = metrics.map_matrix(logits, labels, None, [0, 0, 1, 1], 2)
+  assert m.shape == (2, 2)
+  np.testing.assert_allclose(m[0], 1.0)
+  ap = metrics.average_precision(logits[:, 1], labels)
+  np.testing.assert_allclose(m[1], [ap[:2].mean(), ap[2:].mean()])
+  with pytest.raises(ValueError, match="attribute_group"):
+    metrics.group_mean(np.zeros((2, 4)), [0, 0, 1, 5], 2)
+
+
+# ------------------------------------------------------------------------------------------------
+# Contingency, assignment, PS, MPPO.
+
+
+def test_contingency_and_threshold_assignment_hand_computed():
+  # 2 parts (ids 0, 1), background id 2, 2 groups; -1 = invisible.
+  keypoint_part = np.array([[0, 1], [0, 2], [-1, 1]])
+  c = part_metrics.contingency(keypoint_part, num_parts=2)
+  np.testing.assert_allclose(c, [[1, 0], [0, 2 / 3], [0, 1 / 3]])
+  np.testing.assert_array_equal(part_metrics.assign_by_threshold(c, 0.5), [[True, False],
+                                                                          [False, True]])
+  # The background row never joins a group, whatever tau.
+  assert part_metrics.assign_by_threshold(c, 0.0).shape == (2, 2)
+  with pytest.raises(ValueError, match="tau"):
+    part_metrics.assign_by_threshold(c, 1.0)
+  with pytest.raises(ValueError, match="keypoint_part values"):
+    part_metrics.contingency(np.array([[3]]), num_parts=2)
+
+
+def test_manual_assignment():
+  a = part_metrics.assign_manually({"head": [0, 2], "legs": [1]}, ["head", "legs", "tail"], 3)
+  np.testing.assert_array_equal(a, [[1, 0, 0], [0, 1, 0], [1, 0, 0]])
+  with pytest.raises(ValueError, match="unknown groups"):
+    part_metrics.assign_manually({"wing": [0]}, ["head"], 3)
+  with pytest.raises(ValueError, match="part 7"):
+    part_metrics.assign_manually({"head": [7]}, ["head"], 3)
+
+
+def test_part_specificity_hand_computed():
+  map_matrix = np.array([[0.8, 0.3, 0.5],
+                         [0.2, 0.6, 0.5],
+                         [0.4, 0.5, 0.5]])
+  assignment = np.array([[1, 0, 0],
+                         [0, 1, 0],
+                         [0, 1, 0]], bool)  # group 2 has no matched part: undefined
+  ps_g, ps = part_metrics.part_specificity(map_matrix, assignment)
+  # PS_0 = 0.8 - (0.2 + 0.4) / 2; PS_1 = (0.6 + 0.5) / 2 - 0.3.
+  np.testing.assert_allclose(ps_g[:2], [0.5, 0.25])
+  assert math.isnan(ps_g[2])
+  assert ps == pytest.approx(0.375)
+  # Every part matched: K_g^- is empty, PS_g undefined.
+  _, ps_all = part_metrics.part_specificity(map_matrix, np.ones((3, 3), bool))
+  assert math.isnan(ps_all)
+
+
+def test_mppo_hand_computed():
+  # 3 samples, 2 parts, 2 attributes, 2 masks; attribute a's mask is a.
+  logits = np.array([[[2.0, 0.0], [1.0, 5.0]],     # a0 -> part 0, a1 -> part 1
+                     [[0.0, 3.0], [1.0, 1.0]],     # a0 -> part 1, a1 -> part 0
+                     [[0.0, 0.0], [1.0, 0.0]]])    # a0 -> part 1
+  overlap = np.array([[[1, 0], [0, 1]],            # part 0 meets mask 0, part 1 meets mask 1
+                      [[1, 1], [0, 0]],
+                      [[1, 0], [1, 0]]], bool)
+  present = np.array([[1, 1], [1, 1], [1, 0]], bool)
+  per, value = part_metrics.mppo(logits, overlap, present, [0, 1])
+  # a0: s0 part 0 meets mask 0 (hit), s1 part 1 misses mask 0, s2 part 1 meets mask 0 -> 2/3.
+  # a1: s0 part 1 meets mask 1 (hit), s1 part 0 meets mask 1 (hit) -> 1.
+  np.testing.assert_allclose(per, [2 / 3, 1.0])
+  assert value == pytest.approx(5 / 6)
+  per_w, _ = part_metrics.mppo(logits, overlap, present, [0, 1], weights=np.array([0, 1, 1.0]))
+  np.testing.assert_allclose(per_w, [0.5, 1.0])
+
+
+# ------------------------------------------------------------------------------------------------
+# NMI / ARI.
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_nmi_ari_match_sklearn(seed):
+  rng = np.random.default_rng(seed)
+  truth = rng.integers(0, 5, 400)
+  pred = np.where(rng.random(400) < 0.6, truth, rng.integers(0, 6, 400))
+  counts = np.zeros((5, 6))
+  np.add.at(counts, (truth, pred), 1)
+  nmi, ari = part_metrics.nmi_ari_from_counts(counts)
+  assert nmi == pytest.approx(skm.normalized_mutual_info_score(truth, pred), abs=1e-12)
+  assert ari == pytest.approx(skm.adjusted_rand_score(truth, pred), abs=1e-12)
+
+
+def test_nmi_ari_edge_cases_match_sklearn():
+  for truth, pred in (([0, 0, 0], [1, 1, 1]), ([0, 0, 1, 1], [0, 0, 0, 0]),
+                      ([0, 0, 1, 1], [0, 1, 0, 1]), ([0, 1, 2], [0, 1, 2])):
+    counts = np.zeros((3, 3))
+    np.add.at(counts, (np.array(truth), np.array(pred)), 1)
+    nmi, ari = part_metrics.nmi_ari_from_counts(counts)
+    assert nmi == pytest.approx(skm.normalized_mutual_info_score(truth, pred))
+    assert ari == pytest.approx(skm.adjusted_rand_score(truth, pred))
+
+
+def test_keypoint_nmi_ari_with_and_without_background():
+  rng = np.random.default_rng(0)
+  groups = 4
+  kp = np.tile(np.arange(groups), (60, 1))  # part k under keypoint k: perfect
+  kp[rng.random(kp.shape) < 0.2] = groups  # some on the background (id K = 4)
+  kp[rng.random(kp.shape) < 0.1] = -1  # some invisible
+  visible = kp >= 0
+  truth = np.broadcast_to(np.arange(groups), kp.shape)[visible]
+  with_bg = part_metrics.keypoint_nmi_ari(kp, groups, include_background=True)
+  assert with_bg["nmi"] == pytest.approx(100 * skm.normalized_mutual_info_score(truth, kp[visible]))
+  assert with_bg["ari"] == pytest.approx(100 * skm.adjusted_rand_score(truth, kp[visible]))
+  fg = part_metrics.keypoint_nmi_ari(kp, groups, include_background=False)
+  assert fg["nmi"] == pytest.approx(100.0) and fg["ari"] == pytest.approx(100.0)
+  assert fg["num_points"] == (visible & (kp < groups)).sum()
+  # Soft maps give a foreground argmax for every visible keypoint.
+  kp_fg = np.where(kp >= 0, np.broadcast_to(np.arange(groups), kp.shape), -1)
+  soft = part_metrics.keypoint_nmi_ari(kp, groups, include_background=False,
+                                       keypoint_part_foreground=kp_fg)
+  assert soft["num_points"] == visible.sum()
+
+
+# ------------------------------------------------------------------------------------------------
+# Bootstrap and seeds.
+
+
+def test_bootstrap_interval_covers_the_mean():
+  rng = np.random.default_rng(0)
+  x = rng.normal(1.0, 1.0, 400)
+  r = bootstrap.bootstrap(lambda w: (w * x).sum() / w.sum(), len(x), num_resamples=300, seed=0)
+  assert r["value"] == pytest.approx(x.mean())
+  assert r["low"] < x.mean() < r["high"]
+  # About 2 standard errors each side.
+  assert r["high"] - r["low"] == pytest.approx(2 * 1.96 * x.std() / 20, rel=0.25)
+  counts = bootstrap.resample_counts(10, 5, seed=0, groups=np.repeat([0, 1], 5))
+  assert counts.shape == (5, 10) and (counts[:, :5] == counts[:, :1]).all()
+  none = bootstrap.bootstrap(lambda w: w.sum(), 5, num_resamples=0)
+  assert none["value"] == 5 and math.isnan(none["low"])
+
+
+def test_over_seeds_and_format():
+  s = bootstrap.over_seeds([1.0, 2.0, 3.0])
+  assert s["mean"] == pytest.approx(2.0) and s["std"] == pytest.approx(1.0) and s["n"] == 3
+  assert math.isnan(bootstrap.over_seeds([1.0])["std"])
+  arr = bootstrap.over_seeds([np.array([1.0, np.nan]), np.array([3.0, 4.0])])
+  np.testing.assert_allclose(arr["mean"], [2.0, 4.0])
+  agg = bootstrap.aggregate_scalars([{"a": 1.0, "b": 2.0}, {"a": 3.0}])
+  assert list(agg) == ["a"]
+  assert bootstrap.format_ci(0.5, 0.4, 0.6) == "0.500 [0.400, 0.600]"
+  assert bootstrap.format_ci(float("nan"), 0, 1) == "n/a"
+
+
+# ------------------------------------------------------------------------------------------------
+# PS end to end on constructed features (probes + metrics).
+
+
+def _constructed_features(leaky: bool, seed: int = 0, n: int = 1200, parts: int = 4, dim: int = 16):
+  """Attributes: per group a one-hot colour out of 4. Leak-free: part k's feature encodes group
+  k's colour only. Leaky: every part's feature encodes every group's colour."""
+  rng = np.random.default_rng(seed)
+  colours = rng.integers(0, 4, (n, parts))
+  onehot = np.eye(4)[colours].reshape(n, parts * 4)  # [n, A = 16]
+  x = np.zeros((n, parts, dim))
+  for k in range(parts):
+    if leaky:
+      code = onehot @ rng.standard_normal((parts * 4, dim))
+    else:
+      code = onehot[:, 4 * k:4 * k + 4] @ rng.standard_normal((4, dim))
+    x[:, k] = code + 0.3 * rng.standard_normal((n, dim))
+  groups = np.repeat(np.arange(parts), 4)
+  return x.astype(np.float32), onehot.astype(np.float32), groups
+
+
+@pytest.mark.parametrize("leaky", [False, True])
+def test_ps_of_constructed_features(leaky):
+  x, y, groups = _constructed_features(leaky)
+  cfg = linear.ProbeConfig(weight_decays=(1e-2, 1e-3))
+  probes = linear.train_probes(x[:800], y[:800], None, x[800:1000], y[800:1000], None, cfg)
+  m = metrics.map_matrix(probes.logits(x[1000:]), y[1000:], None, groups, 4)
+  _, ps = part_metrics.part_specificity(m, np.eye(4, dtype=bool))
+  if leaky:
+    assert abs(ps) < 0.05, m  # every part predicts every group as well as its own
+  else:
+    assert ps > 0.5, m  # own group near 1, others at chance (0.25)

@@ -1,0 +1,116 @@
+"""Stage 1: maps, pooling, the shared LayerNorm, routing, frozen backbone, the objective."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from metonymy import config_lib
+from metonymy import objective
+from metonymy.models import stage1
+from tests import compile_cache
+
+compile_cache.enable()
+K, A, SIZE = 3, 5, 32
+
+
+@pytest.fixture(scope="module")
+def setup():
+  config = ml_collections.ConfigDict({
+      "seed": 0, "backbone": config_lib.backbone("vit_tiny_test", image_size=SIZE),
+      "model": config_lib.stage1_model(num_parts=K, temperature=1.0)})
+  model, frozen = stage1.build(config, A)
+  images = jax.random.normal(jax.random.PRNGKey(1), (2, SIZE, SIZE, 3))
+  params = model.init(jax.random.PRNGKey(2), images)
+  return model, frozen, params, images
+
+
+def test_outputs_shapes_and_normalization(setup):
+  model, frozen, params, images = setup
+  out = model.apply(params, frozen, images, train=False)
+  grid, dim = SIZE // 8, 64
+  assert out["maps"].shape == (2, K + 1, grid, grid)
+  assert out["part_logits"].shape == (2, K + 1, grid, grid)
+  assert out["part_embeddings"].shape == (2, K + 1, dim)
+  assert out["modulated_embeddings"].shape == (2, K + 1, dim)
+  assert out["part_scores"].shape == (2, A, K)
+  assert set(out["logits"]) == {"stage1"} and out["logits"]["stage1"].shape == (2, A)
+  np.testing.assert_allclose(out["maps"].sum(1), 1.0, rtol=1e-5)
+
+
+def test_logits_pooling_and_routing_follow_the_equations(setup):
+  model, frozen, params, images = setup
+  out = model.apply(params, frozen, images, train=False)
+  z = np.asarray(model.features(frozen, images), np.float64)            # [B, h, w, D]
+  p = np.asarray(params["prototypes"], np.float64)                       # [K+1, D]
+  distance = ((z[:, :, :, None, :] - p) ** 2).sum(-1)                    # [B, h, w, K+1]
+  np.testing.assert_allclose(out["part_logits"], np.moveaxis(-distance, -1, 1), rtol=2e-4,
+                             atol=2e-3)
+  maps = np.moveaxis(np.asarray(jax.nn.softmax(-distance, axis=-1)), -1, 1)  # eval: no noise
+  np.testing.assert_allclose(out["maps"], maps, atol=1e-4)
+  v = np.einsum("bkhw,bhwd->bkd", np.asarray(out["maps"], np.float64), z) / z[0, :, :, 0].size
+  np.testing.assert_allclose(out["part_embeddings"], v, rtol=1e-4, atol=1e-5)
+  s = np.asarray(out["part_scores"], np.float64)
+  w = np.exp(s) / np.exp(s).sum(-1, keepdims=True)
+  np.testing.assert_allclose(out["logits"]["stage1"], (w * s).sum(-1), rtol=1e-5, atol=1e-6)
+
+
+def test_one_layer_norm_shared_by_all_parts(setup):
+  model, frozen, params, images = setup
+  assert set(params) == {"prototypes", "norm", "head"}
+  assert params["norm"]["scale"].shape == (64,)       # one affine, not one per part
+  assert params["head"]["kernel"].shape == (64, A)
+  out = model.apply(params, frozen, images, train=False)
+  v = np.asarray(out["part_embeddings"], np.float64)
+  normed = (v - v.mean(-1, keepdims=True)) / np.sqrt(v.var(-1, keepdims=True) + 1e-5)
+  expected = normed * np.asarray(params["norm"]["scale"]) + np.asarray(params["norm"]["bias"])
+  np.testing.assert_allclose(out["modulated_embeddings"], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_gumbel_noise_only_in_training(setup):
+  model, frozen, params, images = setup
+  a = model.apply(params, frozen, images, train=False)["maps"]
+  b = model.apply(params, frozen, images, train=False)["maps"]
+  np.testing.assert_array_equal(a, b)
+  t1 = model.apply(params, frozen, images, train=True, rng=jax.random.PRNGKey(0))["maps"]
+  t2 = model.apply(params, frozen, images, train=True, rng=jax.random.PRNGKey(1))["maps"]
+  assert float(jnp.max(jnp.abs(t1 - t2))) > 1e-3
+  with pytest.raises(ValueError, match="needs rng"):
+    model.apply(params, frozen, images, train=True)
+
+
+def test_backbone_is_frozen_and_outside_the_trainable_tree(setup):
+  model, frozen, params, images = setup
+  batch = {"image": images, "attributes": jnp.ones((2, A)), "attribute_valid": jnp.ones((2, A), bool)}
+  loss_config = config_lib.part_losses()
+  loss = lambda p, f: objective.loss_fn(model, p, f, batch, jax.random.PRNGKey(0), loss_config)[0]
+  grads, grad_frozen = jax.jit(jax.grad(loss, argnums=(0, 1)))(params, frozen)
+  assert all(float(jnp.max(jnp.abs(g))) == 0.0 for g in jax.tree_util.tree_leaves(grad_frozen))
+  assert float(jnp.max(jnp.abs(grads["prototypes"]))) > 0
+  assert jax.tree_util.tree_structure(grads) == jax.tree_util.tree_structure(params)
+  groups = model.param_groups(params)
+  assert groups["prototypes"] == "prototypes"
+  assert set(jax.tree_util.tree_leaves(groups["norm"]) + jax.tree_util.tree_leaves(groups["head"])) == {"heads"}
+
+
+def test_objective_terms_and_zero_weights(setup):
+  model, frozen, params, images = setup
+  batch = {"image": images, "attributes": jnp.ones((2, A)), "attribute_valid": jnp.ones((2, A), bool)}
+  config = config_lib.part_losses()
+  total, metrics = objective.loss_fn(model, params, frozen, batch, jax.random.PRNGKey(0), config)
+  assert set(metrics) == {"loss/attribute_stage1", "loss/orthogonality", "loss/total_variation",
+                          "loss/equivariance", "loss/foreground_presence",
+                          "loss/background_presence", "loss/entropy"}
+  weights = config.weights
+  expected = sum(weights[k] * metrics[f"loss/{k}"] for k in
+                 ("orthogonality", "total_variation", "equivariance", "foreground_presence",
+                  "background_presence", "entropy")) + metrics["loss/attribute_stage1"]
+  np.testing.assert_allclose(total, expected, rtol=1e-6)
+  config.weights.equivariance = 0.0
+  config.orthogonality = "pdisco"
+  _, metrics = objective.loss_fn(model, params, frozen, batch, jax.random.PRNGKey(0), config)
+  assert "loss/equivariance" not in metrics
+  config.weights.entropy = -1.0
+  with pytest.raises(ValueError, match="weights.entropy"):
+    objective.check_config(config)

@@ -1,0 +1,171 @@
+"""Two-stage model (issue: two-stage): zero leakage of hard and STE streams, STE's exact hard
+forward and soft gradient, soft's measurable leakage, and 1 vs 8 devices for one training step."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from metonymy import config_lib
+from metonymy import losses
+from metonymy import train
+from metonymy.models import stage1 as stage1_lib
+from metonymy.models import two_stage
+from metonymy.models import vit
+from tests import compile_cache
+
+compile_cache.enable()
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+K, A = 3, 6
+# No LayerScale: its 1e-5 init would make random blocks near-identities and hide leakage.
+CONFIG = vit.ViTConfig(patch_size=4, width=32, depth=2, num_heads=2, mlp_dim=64,
+                       pos_embed_grid=(6, 6), num_registers=1, image_size=24)
+
+
+def _stage2_setup(mask, seed=0):
+  keys = jax.random.split(jax.random.PRNGKey(seed), 4)
+  images = jax.random.normal(keys[0], (2, 24, 24, 3))
+  logits = 3.0 * jax.nn.one_hot(jax.random.randint(keys[1], (2, 36), 0, K + 1), K + 1)
+  probs = jax.nn.softmax(logits + jax.random.normal(keys[2], logits.shape), -1)
+  module = two_stage.Stage2(CONFIG, num_parts=K, num_attributes=A, mask=mask)
+  params = module.init(keys[3], images, probs)["params"]
+  return module, params, images, probs
+
+
+def _outside(probs, k):
+  """Pixels [B, 24, 24, 1] of patches whose argmax part is not k."""
+  ids = jnp.argmax(probs, -1).reshape(2, 6, 6)
+  return (jnp.repeat(jnp.repeat(ids, 4, 1), 4, 2) != k)[..., None]
+
+
+@pytest.mark.parametrize("mask", ["hard", "ste"])
+def test_other_parts_pixels_leave_part_features_and_scores_bit_identical(mask):
+  module, params, images, probs = _stage2_setup(mask)
+  apply = jax.jit(lambda x: module.apply({"params": params}, x, probs))
+  reference = apply(images)
+  noise = 5.0 * jax.random.normal(jax.random.PRNGKey(9), images.shape)
+  for k in range(K + 1):
+    out = apply(jnp.where(_outside(probs, k), images + noise, images))
+    np.testing.assert_array_equal(np.asarray(out["part_features"][:, k]),
+                                  np.asarray(reference["part_features"][:, k]))
+    if k < K:  # Part k's attribute scores (its logits before routing).
+      np.testing.assert_array_equal(np.asarray(out["part_scores"][:, :, k]),
+                                    np.asarray(reference["part_scores"][:, :, k]))
+
+
+def test_ste_forward_equals_hard_forward_exactly():
+  hard, params, images, probs = _stage2_setup("hard")
+  ste = two_stage.Stage2(CONFIG, num_parts=K, num_attributes=A, mask="ste")
+  a = hard.apply({"params": params}, images, probs)
+  b = ste.apply({"params": params}, images, probs)
+  for key in ("part_features", "part_scores", "logits"):
+    np.testing.assert_array_equal(np.asarray(a[key]), np.asarray(b[key]))
+
+
+def test_soft_masks_leak_measurably():
+  module, params, images, probs = _stage2_setup("soft")
+  apply = jax.jit(lambda x: module.apply({"params": params}, x, probs)["part_features"])
+  reference = apply(images)
+  changed = apply(jnp.where(_outside(probs, 0), images + 5.0, images))
+  change = float(jnp.linalg.norm(changed[:, 0] - reference[:, 0]) / jnp.linalg.norm(reference[:, 0]))
+  assert change > 1e-3, change
+
+
+def _two_stage_model(mask):
+  backbone = vit.VisionTransformer(CONFIG)
+  frozen = backbone.init(jax.random.PRNGKey(1), jnp.zeros((1, 24, 24, 3)))["params"]
+  stage1 = stage1_lib.Stage1(backbone, stage1_lib.Stage1Head(num_parts=K, num_attributes=A))
+  stage2 = two_stage.Stage2(CONFIG, num_parts=K, num_attributes=A, mask=mask)
+  model = two_stage.TwoStage(stage1, stage2)
+  images = jax.random.normal(jax.random.PRNGKey(2), (2, 24, 24, 3))
+  return model, model.init(jax.random.PRNGKey(3), images, frozen), frozen, images
+
+
+@pytest.mark.parametrize("mask,flows", [("hard", False), ("soft", True), ("ste", True)])
+def test_stage2_gradient_reaches_stage1_prototypes_unless_hard(mask, flows):
+  model, params, frozen, images = _two_stage_model(mask)
+  labels = (jax.random.uniform(jax.random.PRNGKey(4), (2, A)) > 0.5).astype(jnp.float32)
+
+  def stage2_loss(params):
+    out = model.apply(params, frozen, images, train=True, rng=jax.random.PRNGKey(5))
+    return losses.attribute_bce(out["logits"]["stage2"], labels, jnp.ones_like(labels, bool))
+
+  grads = jax.grad(stage2_loss)(params)
+  norm = float(jnp.linalg.norm(grads["stage1"]["prototypes"]))
+  assert (norm > 0.0) == flows, norm
+  # Stage 2's own ViT always learns; the frozen backbone is not in `params` at all.
+  assert float(jnp.linalg.norm(grads["stage2"]["backbone"]["blocks_0"]["mlp"]["fc1"]["kernel"])) > 0
+
+
+def test_two_stage_outputs_and_param_groups():
+  model, params, frozen, images = _two_stage_model("ste")
+  out = model.apply(params, frozen, images, train=False)
+  assert set(out["logits"]) == {"stage1", "stage2"}
+  assert out["stage2_part_features"].shape == (2, K + 1, CONFIG.width)
+  assert out["maps"].shape == (2, K + 1, 6, 6)
+  groups = set(jax.tree_util.tree_leaves(model.param_groups(params)))
+  assert groups == {"prototypes", "heads", "backbone"}
+  # Stage 2 starts as a copy of the pretrained weights.
+  np.testing.assert_array_equal(np.asarray(params["stage2"]["backbone"]["norm"]["scale"]),
+                                np.asarray(frozen["norm"]["scale"]))
+
+
+def test_maps_are_resized_to_another_patch_grid():
+  maps = jax.nn.softmax(jax.random.normal(jax.random.PRNGKey(0), (2, K + 1, 4, 4)), 1)
+  probs = two_stage.maps_to_patch_grid(maps, (6, 6))
+  assert probs.shape == (2, 36, K + 1)
+  np.testing.assert_allclose(np.asarray(probs.sum(-1)), 1.0, atol=1e-6)
+
+
+def _config(mask):
+  config = config_lib.load_sibling_config(os.path.join(ROOT, "configs", "x.py"),
+                                          f"synthetic_{mask}", "runlocal")
+  config.data.options.splits = (("train", 64), ("val", 8))
+  config.data.batch_size = config.data.eval_batch_size = 8
+  config.trainer.num_steps = 1
+  config.trainer.eval_every_steps = 1
+  config.trainer.checkpoint_every_steps = 1
+  return config
+
+
+def _step_losses(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return {row["step"]: row["loss"] for row in map(json.loads, f) if "loss" in row}
+
+
+_EIGHT_DEVICES = r"""
+import json, sys
+import jax
+assert jax.device_count() == 8, jax.devices()
+sys.path.insert(0, {root!r})
+from tests import test_two_stage as t
+from metonymy import train
+out = {{}}
+for mask in ("soft", "hard", "ste"):
+  train.run(t._config(mask), {workdir!r} + "/" + mask)
+  out[mask] = t._step_losses({workdir!r} + "/" + mask)
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_one_training_step_matches_on_one_and_eight_devices(tmp_path):
+  one = {}
+  for mask in ("soft", "hard", "ste"):
+    train.run(_config(mask), str(tmp_path / f"one_{mask}"))
+    one[mask] = _step_losses(str(tmp_path / f"one_{mask}"))
+  env = dict(os.environ, JAX_NUM_CPU_DEVICES="8", **compile_cache.ENV)
+  env.pop("XLA_FLAGS", None)
+  proc = subprocess.run([sys.executable, "-c", _EIGHT_DEVICES.format(root=ROOT,
+                                                                     workdir=str(tmp_path))],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  eight = json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
+  for mask in ("soft", "hard", "ste"):
+    assert list(one[mask]) == [1]
+    np.testing.assert_allclose(eight[mask]["1"], one[mask][1], rtol=2e-5, err_msg=mask)
