@@ -31,7 +31,263 @@ def build_backbone(config: ml_collections.ConfigDict, seed: int = 0):
                                               image_size=config.image_size or None)
     return model, params, model.config
   vit_config = vit.get_config(config.preset)
+  if "arch" in config:  # Random-init runs may override preset fields (random_backbone()).
+    vit_config = vit_config.replace(**{k: tuple(v) if isinstance(v, list) else v
+                                       for k, v in config.arch.to_dict().items()})
   if config.image_size:
     vit_config = vit_config.replace(image_size=config.image_size)
   model, params = vit.init_params(vit_config, jax.random.PRNGKey(seed))
   return model, params, vit_config
+
+
+# ------------------------------------------------------------------------------------------------
+# Leakage benchmark (job "probe", metonymy/probe/): data, part masks, features, probes, metrics.
+
+
+def random_backbone(preset: str = "vit_tiny_test", image_size: int = 0,
+                    **arch) -> ml_collections.ConfigDict:
+  """A random-init `backbone()` whose preset fields are overridden by `arch` (ViTConfig fields,
+  e.g. patch_size=4, depth=4, pos_embed_grid=(12, 12)): small test backbones without a new
+  preset. The init seed is the run's seed."""
+  config = backbone(preset=preset, image_size=image_size)
+  config.arch = ml_collections.ConfigDict(arch)
+  return config
+
+
+def probe_data(dataset: str, *, root: str = "", train: str = "train", val: str = "",
+               test: str = "test", val_fraction: float = 0.2, max_train: int = 0,
+               max_val: int = 0, max_test: int = 0, image_size: int = 0, resize: int = 0,
+               read_threads: int = 1, options=None) -> ml_collections.ConfigDict:
+  """Which splits the probes train, select weight decay and test on (metonymy/probe/benchmark.py).
+
+  val: a split name, or "" to carve `val_fraction` of train (seeded by the run's seed).
+  max_<role>: a fixed random subset of that many examples (0 = all); the subset does not depend on
+    the run's seed, so cached features are shared across seeds.
+  image_size: backbone input (0 = the backbone's own); resize: shorter side before the centre
+    crop (0 = image_size).
+  options: the dataset's make_source options (SyntheticConfig fields, CheXpert's uncertainty ...).
+  """
+  return ml_collections.ConfigDict({
+      "dataset": dataset, "root": root, "train": train, "val": val, "test": test,
+      "val_fraction": val_fraction, "max_train": max_train, "max_val": max_val,
+      "max_test": max_test, "image_size": image_size, "resize": resize,
+      "read_threads": read_threads, "options": dict(options or {}),
+  })
+
+
+def part_masks(source: str = "ground_truth", *, path: str = "", num_parts: int = 0,
+               background: str = "last", part_names: str = "",
+               patch_rule: str = "plurality") -> ml_collections.ConfigDict:
+  """Where the part masks come from (metonymy/probe/masks.py) and the partial-patch rule.
+
+  source: "ground_truth" (synthetic part_segmentation), "file" (part maps in `path`, a .npy/.npz;
+    `{split}` in the path is replaced by the split name) or "stage1" (`path` = a Stage-1
+    training workdir; its model predicts the masks).
+  num_parts: K (0 = inferred from the maps); background: label of the background in integer maps,
+    "last" (= K) or "first" (= 0); part_names: comma-separated display names of the K parts.
+  patch_rule: "plurality" or "foreground" (see masks.py).
+  """
+  return ml_collections.ConfigDict({
+      "source": source, "path": path, "num_parts": num_parts, "background": background,
+      "part_names": part_names, "patch_rule": patch_rule,
+  })
+
+
+def part_features(*, prefix: str = "cls", late_weights: str = "hard", batch_size: int = 32,
+                  chunk_size: int = 512, cache_dir: str = "") -> ml_collections.ConfigDict:
+  """Feature extraction (metonymy/probe/features.py, extract.py).
+
+  prefix: early-masked part feature, "cls" or "cls_registers" (mean of CLS and registers).
+  late_weights: "hard" (the patches of the part) or "coverage" (each patch weighted by the
+    fraction of its pixels in the part).
+  chunk_size: examples per cache chunk (an interrupted extraction resumes at a chunk).
+  cache_dir: feature cache root ("" = <workdir>/cache).
+  """
+  return ml_collections.ConfigDict({
+      "maskings": ("late", "early"), "prefix": prefix, "late_weights": late_weights,
+      "batch_size": batch_size, "chunk_size": chunk_size, "cache_dir": cache_dir,
+  })
+
+
+def linear_probe(*, weight_decays=(1.0, 1e-1, 1e-2, 1e-3, 1e-4), max_iters: int = 60,
+                 tol: float = 1e-4, memory: int = 8, select: str = "per_part",
+                 patience: int = 1) -> ml_collections.ConfigDict:
+  """Linear probes (metonymy/probe/linear.py): the weight-decay path, chosen on val per part."""
+  return ml_collections.ConfigDict({
+      "weight_decays": tuple(weight_decays), "max_iters": max_iters, "tol": tol,
+      "memory": memory, "select": select, "patience": patience,
+  })
+
+
+def probe_evaluation(*, tau: float = 0.1, manual_assignment: str = "", bootstrap: int = 200,
+                     alpha: float = 0.05, leakage_images: int = 256,
+                     overlay_images: int = 6) -> ml_collections.ConfigDict:
+  """Metrics (metonymy/evaluation/).
+
+  tau: contingency threshold of Sec. 3.0.1 (k joins K_g^+ if c_g^k > tau; the paper gives no
+    value). manual_assignment: 'group:k,k;group:k' for groups without keypoints (or to override).
+  bootstrap: resamples of the test images for every interval (0 = none); alpha: 1 - coverage.
+  leakage_images: test images for the causal leakage score; overlay_images: part-map figures.
+  """
+  return ml_collections.ConfigDict({
+      "tau": tau, "manual_assignment": manual_assignment, "bootstrap": bootstrap, "alpha": alpha,
+      "leakage_images": leakage_images, "overlay_images": overlay_images,
+  })
+
+
+def probe_job(data: ml_collections.ConfigDict, masks: ml_collections.ConfigDict,
+              seeds=(0,)) -> ml_collections.ConfigDict:
+  """The probe job around a data and a masks block; add `backbone` (one) or `backbones`
+  ({name: backbone()}, a suite) before returning it from get_config."""
+  config = ml_collections.ConfigDict()
+  config.job = "probe"
+  config.seeds = tuple(seeds)
+  config.allow_random_backbone = False  # real-data configs must be given a checkpoint
+  config.data = data
+  config.masks = masks
+  config.features = part_features()
+  config.probe = linear_probe()
+  config.evaluation = probe_evaluation()
+  config.report = ml_collections.ConfigDict({"title": ""})
+  return config
+
+
+# ------------------------------------------------------------------------------------------------
+# Part-discovery training (job "train"): model, losses, optimizer, data, trainer, mesh.
+
+
+def stage1_model(num_parts: int, temperature: float = 1.0) -> ml_collections.ConfigDict:
+  """Stage 1 (models/stage1.py): K foreground parts + background, Gumbel-softmax temperature."""
+  return ml_collections.ConfigDict({"name": "stage1", "num_parts": num_parts,
+                                    "temperature": temperature})
+
+
+def part_losses(orthogonality: str = "decorrelated") -> ml_collections.ConfigDict:
+  """Eq. 9's weights. PDiscoFormer's priors keep PDiscoFormer's weights (paper Appendix A):
+  background presence 2 ("enforced"), everything else 1.
+
+  orthogonality: "decorrelated" (the paper's L_bg + L_decorr) or "pdisco" (Table S4 ablation).
+  orthogonality_on: "embeddings" (v^k of eq. 3, the paper's notation) or "modulated" (after the
+    shared LayerNorm, where PDiscoFormer applies its loss).
+  equivariance: PDiscoFormer's random affine: rotation +-degrees, translation +-translate of the
+    image size, scale in `scale`.
+  """
+  return ml_collections.ConfigDict({
+      "weights": {"attribute": 1.0, "orthogonality": 1.0, "total_variation": 1.0,
+                  "equivariance": 1.0, "foreground_presence": 1.0, "background_presence": 2.0,
+                  "entropy": 1.0},
+      "orthogonality": orthogonality,
+      "orthogonality_on": "embeddings",
+      "equivariance": {"degrees": 90.0, "translate": 0.11, "scale": (0.8, 1.4)},
+  })
+
+
+def part_optimizer() -> ml_collections.ConfigDict:
+  """AdamW (paper Appendix A): base rates at batch 64, square-root scaling to the actual batch,
+  cosine annealing, global-norm clipping at 2, weight decay 0.05. Groups are the models'
+  `param_groups` names; "backbone" is Stage 2's trainable ViT."""
+  return ml_collections.ConfigDict({
+      "learning_rates": {"prototypes": 1e-3, "heads": 1e-2, "backbone": 2e-6},
+      "base_batch_size": 64,
+      "lr_scaling": "sqrt",
+      "schedule": "cosine",
+      "warmup_steps": 0,
+      "weight_decay": 0.05,
+      "clip_norm": 2.0,
+      "b1": 0.9,
+      "b2": 0.999,
+      "eps": 1e-8,
+  })
+
+
+def train_data(dataset: str, *, image_size: int, train_split: str, eval_split: str,
+               root: str = "", batch_size: int = 64, options=None) -> ml_collections.ConfigDict:
+  """Sources and pipelines of a training run (training/inputs.py).
+
+  options: keyword options of the dataset's make_source (SyntheticConfig fields for
+    "synthetic"; e.g. the uncertainty policy for "chexpert").
+  eval_examples: evaluate on the first N examples of eval_split (0 = all).
+  """
+  return ml_collections.ConfigDict({
+      "dataset": dataset,
+      "root": root,
+      "train_split": train_split,
+      "eval_split": eval_split,
+      "options": dict(options or {}),
+      "image_size": image_size,
+      "batch_size": batch_size,
+      "eval_batch_size": batch_size,
+      "eval_examples": 0,
+      "crop_scale": (0.5, 1.0),
+      "worker_count": 0,
+      "read_threads": 1,
+  })
+
+
+def trainer(num_epochs: int = 30) -> ml_collections.ConfigDict:
+  """Run length (num_steps > 0 overrides num_epochs) and intervals (0 = once per epoch)."""
+  return ml_collections.ConfigDict({
+      "num_epochs": num_epochs,
+      "num_steps": 0,
+      "log_every_steps": 50,
+      "eval_every_steps": 0,
+      "checkpoint_every_steps": 0,
+      "keep_checkpoints": 2,
+      "eval_images": 8,
+  })
+
+
+def mesh(fsdp: int = 1) -> ml_collections.ConfigDict:
+  """Device mesh (training/sharding.py): data = -1 takes every device fsdp leaves; with fsdp > 1
+  arrays of at least fsdp_min_size elements are split over the fsdp axis."""
+  return ml_collections.ConfigDict({"data": -1, "fsdp": fsdp, "fsdp_min_size": 2 ** 18})
+
+
+def shrink_for_cpu(config: ml_collections.ConfigDict, image_size: int = 32,
+                   steps: int = 4) -> ml_collections.ConfigDict:
+  """The `runlocal` variant of a training config: a tiny random-init backbone, 32-px images,
+  batch 4, a few steps, evaluation on 8 examples. Shapes change, nothing else does."""
+  config.backbone.checkpoint = ""
+  config.backbone.preset = "vit_tiny_test"
+  config.backbone.image_size = image_size
+  config.data.image_size = image_size
+  config.data.batch_size = 4
+  config.data.eval_batch_size = 4
+  config.data.eval_examples = 8
+  config.trainer.num_steps = steps
+  config.trainer.log_every_steps = 1
+  config.trainer.eval_every_steps = steps
+  config.trainer.checkpoint_every_steps = 2
+  config.trainer.eval_images = 4
+  return config
+
+
+# ------------------------------------------------------------------------------------------------
+# Two-stage part discovery (models/two_stage.py): a single-stage config plus Stage 2.
+
+
+def two_stage(config: ml_collections.ConfigDict, mask: str,
+              feature: str = "cls") -> ml_collections.ConfigDict:
+  """Turns a single-stage training config into the two-stage model with `mask` in
+  {"soft", "hard", "ste"} (paper §4.0.2). Stage 2's ViT starts from the backbone's weights and
+  trains at the optimizer's "backbone" rate (2e-6 at batch 64); the loss is eq. 9 unchanged."""
+  if mask not in ("soft", "hard", "ste"):
+    raise ValueError(f"Stage-2 mask must be 'soft', 'hard' or 'ste', got {mask!r}")
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.model.name = "two_stage"
+  config.model.stage2 = ml_collections.ConfigDict({"mask": mask, "feature": feature})
+  return config
+
+
+def load_sibling_config(config_file: str, name: str, arg: str = "") -> ml_collections.ConfigDict:
+  """`get_config(arg)` of configs/<name>.py, next to `config_file`: composes configs from
+  configs without making configs/ an importable package."""
+  import importlib.util
+  import os
+  path = os.path.join(os.path.dirname(os.path.abspath(config_file)), name + ".py")
+  spec = importlib.util.spec_from_file_location(f"metonymy_config_{name}", path)
+  if spec is None or not os.path.exists(path):
+    raise FileNotFoundError(f"Config {path} not found.")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
