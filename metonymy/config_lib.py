@@ -135,6 +135,15 @@ def probe_evaluation(*, tau: float = 0.1, manual_assignment: str = "", bootstrap
   })
 
 
+def backbone_pretraining(steps: int = 0, *, batch_size: int = 32, learning_rate: float = 3e-3,
+                         images: int = 4000) -> ml_collections.ConfigDict:
+  """Quick supervised pretraining of a random-init backbone before probing (probe/pretrain.py):
+  CLS and mean-patch linear heads on all attributes of the first `images` training examples.
+  steps = 0: probe the random weights as they are."""
+  return ml_collections.ConfigDict({"steps": steps, "batch_size": batch_size,
+                                    "learning_rate": learning_rate, "images": images})
+
+
 def probe_job(data: ml_collections.ConfigDict, masks: ml_collections.ConfigDict,
               seeds=(0,)) -> ml_collections.ConfigDict:
   """The probe job around a data and a masks block; add `backbone` (one) or `backbones`
@@ -145,6 +154,7 @@ def probe_job(data: ml_collections.ConfigDict, masks: ml_collections.ConfigDict,
   config.allow_random_backbone = False  # real-data configs must be given a checkpoint
   config.data = data
   config.masks = masks
+  config.backbone_pretraining = backbone_pretraining()
   config.features = part_features()
   config.probe = linear_probe()
   config.evaluation = probe_evaluation()
@@ -266,8 +276,8 @@ def shrink_for_cpu(config: ml_collections.ConfigDict, image_size: int = 32,
 # Two-stage part discovery (models/two_stage.py): a single-stage config plus Stage 2.
 
 
-def two_stage(config: ml_collections.ConfigDict, mask: str,
-              feature: str = "cls") -> ml_collections.ConfigDict:
+def two_stage(config: ml_collections.ConfigDict, mask: str, feature: str = "cls",
+              ste_scope: str = "layer") -> ml_collections.ConfigDict:
   """Turns a single-stage training config into the two-stage model with `mask` in
   {"soft", "hard", "ste"} (paper §4.0.2). Stage 2's ViT starts from the backbone's weights and
   trains at the optimizer's "backbone" rate (2e-6 at batch 64); the loss is eq. 9 unchanged."""
@@ -275,7 +285,8 @@ def two_stage(config: ml_collections.ConfigDict, mask: str,
     raise ValueError(f"Stage-2 mask must be 'soft', 'hard' or 'ste', got {mask!r}")
   config = ml_collections.ConfigDict(config.to_dict())
   config.model.name = "two_stage"
-  config.model.stage2 = ml_collections.ConfigDict({"mask": mask, "feature": feature})
+  config.model.stage2 = ml_collections.ConfigDict({"mask": mask, "feature": feature,
+                                                  "ste_scope": ste_scope})
   return config
 
 

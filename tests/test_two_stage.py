@@ -58,11 +58,12 @@ def test_other_parts_pixels_leave_part_features_and_scores_bit_identical(mask):
                                     np.asarray(reference["part_scores"][:, :, k]))
 
 
-def test_ste_forward_equals_hard_forward_exactly():
+@pytest.mark.parametrize("scope", ["layer", "stream"])
+def test_ste_forward_equals_hard_forward_exactly(scope):
   hard, params, images, probs = _stage2_setup("hard")
-  ste = two_stage.Stage2(CONFIG, num_parts=K, num_attributes=A, mask="ste")
+  ste = two_stage.Stage2(CONFIG, num_parts=K, num_attributes=A, mask="ste", ste_scope=scope)
   a = hard.apply({"params": params}, images, probs)
-  b = ste.apply({"params": params}, images, probs)
+  b = ste.apply({"params": params}, images, probs)  # train=True: hard and soft both computed.
   for key in ("part_features", "part_scores", "logits"):
     np.testing.assert_array_equal(np.asarray(a[key]), np.asarray(b[key]))
 
@@ -76,19 +77,20 @@ def test_soft_masks_leak_measurably():
   assert change > 1e-3, change
 
 
-def _two_stage_model(mask):
+def _two_stage_model(mask, scope="layer"):
   backbone = vit.VisionTransformer(CONFIG)
   frozen = backbone.init(jax.random.PRNGKey(1), jnp.zeros((1, 24, 24, 3)))["params"]
   stage1 = stage1_lib.Stage1(backbone, stage1_lib.Stage1Head(num_parts=K, num_attributes=A))
-  stage2 = two_stage.Stage2(CONFIG, num_parts=K, num_attributes=A, mask=mask)
+  stage2 = two_stage.Stage2(CONFIG, num_parts=K, num_attributes=A, mask=mask, ste_scope=scope)
   model = two_stage.TwoStage(stage1, stage2)
   images = jax.random.normal(jax.random.PRNGKey(2), (2, 24, 24, 3))
   return model, model.init(jax.random.PRNGKey(3), images, frozen), frozen, images
 
 
-@pytest.mark.parametrize("mask,flows", [("hard", False), ("soft", True), ("ste", True)])
-def test_stage2_gradient_reaches_stage1_prototypes_unless_hard(mask, flows):
-  model, params, frozen, images = _two_stage_model(mask)
+@pytest.mark.parametrize("mask,scope,flows", [("hard", "layer", False), ("soft", "layer", True),
+                                              ("ste", "layer", True), ("ste", "stream", True)])
+def test_stage2_gradient_reaches_stage1_prototypes_unless_hard(mask, scope, flows):
+  model, params, frozen, images = _two_stage_model(mask, scope)
   labels = (jax.random.uniform(jax.random.PRNGKey(4), (2, A)) > 0.5).astype(jnp.float32)
 
   def stage2_loss(params):

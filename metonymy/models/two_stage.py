@@ -58,18 +58,26 @@ class Stage2(nn.Module):
     num_attributes: A.
     mask: "soft", "hard" or "ste".
     feature: "cls" or "cls_registers" (mean of each part's CLS and register tokens).
+    ste_scope: where STE combines hard and soft: "layer" (every attention layer's output, the
+      default) or "stream" (the final tokens of a full hard and a full soft pass).
   """
   backbone: vit.ViTConfig
   num_parts: int
   num_attributes: int
   mask: str = "ste"
   feature: str = "cls"
+  ste_scope: str = "layer"  # "layer" (per attention layer) or "stream" (whole-stream outputs).
   norm_eps: float = 1e-5
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, images: jnp.ndarray, part_probs: jnp.ndarray) -> Dict[str, jnp.ndarray]:
-    """images [B, H, W, 3]; part_probs [B, N, K+1] on Stage 2's patch grid (rows sum to 1)."""
+  def __call__(self, images: jnp.ndarray, part_probs: jnp.ndarray,
+               train: bool = True) -> Dict[str, jnp.ndarray]:
+    """images [B, H, W, 3]; part_probs [B, N, K+1] on Stage 2's patch grid (rows sum to 1).
+
+    With train=False, STE runs the hard masks alone: its forward is the hard one bit for bit
+    (tests/test_two_stage.py), and without a backward pass the soft half is dead weight.
+    """
     if self.mask not in MASKS:
       raise ValueError(f"stage2 mask must be one of {MASKS}, got {self.mask!r}")
     if self.feature not in FEATURES:
@@ -77,12 +85,21 @@ class Stage2(nn.Module):
     model = vit.VisionTransformer(self.backbone, dtype=self.dtype, name="backbone")
     grid = model.patch_grid(images.shape)
     part_ids = jnp.argmax(jax.lax.stop_gradient(part_probs), axis=-1).reshape((-1,) + grid)
-    kwargs = {}
-    if self.mask != "hard":
+    run = lambda **kwargs: model(images, part_ids=part_ids, num_parts=self.num_parts,
+                                 **kwargs)["part_tokens"]                     # [B, K+1, P, D]
+    if self.mask == "hard" or (self.mask == "ste" and not train):
+      tokens = run()
+    else:
       bias = attention_masks.soft_group_attention_bias(part_probs, self.backbone.num_prefix)
-      kwargs = {"attention_bias" if self.mask == "soft" else "straight_through_bias": bias}
-    out = model(images, part_ids=part_ids, num_parts=self.num_parts, **kwargs)
-    tokens = out["part_tokens"]                                               # [B, K+1, P, D]
+      if self.mask == "soft":
+        tokens = run(attention_bias=bias)
+      elif self.ste_scope == "layer":
+        tokens = run(straight_through_bias=bias)
+      elif self.ste_scope == "stream":
+        soft = run(attention_bias=bias)
+        tokens = jax.lax.stop_gradient(run()) + (soft - jax.lax.stop_gradient(soft))
+      else:
+        raise ValueError(f"ste_scope must be 'layer' or 'stream', got {self.ste_scope!r}")
     features = tokens[:, :, 0] if self.feature == "cls" else jnp.mean(tokens, axis=2)
     modulated = nn.LayerNorm(epsilon=self.norm_eps, use_fast_variance=False, name="norm")(features)
     scores = jnp.swapaxes(nn.Dense(self.num_attributes, name="head")(modulated[:, :-1]), 1, 2)
@@ -123,7 +140,7 @@ class TwoStage:
     and logits {"stage1": [B, A], "stage2": [B, A]}."""
     out = dict(self.stage1.apply(params["stage1"], frozen, images, train=train, rng=rng))
     probs = maps_to_patch_grid(out["maps"], self.backbone.patch_grid(images.shape))
-    second = self.stage2.apply({"params": params["stage2"]}, images, probs)
+    second = self.stage2.apply({"params": params["stage2"]}, images, probs, train=train)
     out["logits"] = dict(out["logits"], stage2=second["logits"])
     out.update(stage2_part_features=second["part_features"],
                stage2_part_scores=second["part_scores"], stage2_part_ids=second["part_ids"])
@@ -148,5 +165,7 @@ def build(config, num_attributes: int) -> Tuple[TwoStage, Any]:
   stage1, frozen = stage1_lib.build(config, num_attributes)
   stage2 = Stage2(backbone=stage1.backbone.config, num_parts=config.model.num_parts,
                   num_attributes=num_attributes, mask=config.model.stage2.mask,
-                  feature=config.model.stage2.feature, dtype=jnp.dtype(config.backbone.dtype))
+                  feature=config.model.stage2.feature,
+                  ste_scope=config.model.stage2.get("ste_scope", "layer"),
+                  dtype=jnp.dtype(config.backbone.dtype))
   return TwoStage(stage1, stage2), frozen
