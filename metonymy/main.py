@@ -29,6 +29,7 @@ JOBS = {
     "backbone_smoke": "metonymy.smoke",
     "probe": "metonymy.probe",  # Leakage benchmark: late vs early masked features, PS, MPPO.
     "train": "metonymy.train",  # Part discovery (Stage 1, two-stage) training.
+    "demo": "metonymy.demo",  # The end-to-end story on the synthetic world.
 }
 
 
