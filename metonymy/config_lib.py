@@ -302,3 +302,29 @@ def load_sibling_config(config_file: str, name: str, arg: str = "") -> ml_collec
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config(arg)
+
+
+def part_discovery(backbone_config: ml_collections.ConfigDict, data: ml_collections.ConfigDict,
+                   num_parts: int, num_epochs: int = 30) -> ml_collections.ConfigDict:
+  """A single-stage training run (job "train"): the paper's model, losses, optimizer and
+  schedule around a dataset's `train_data` block and a `backbone` block."""
+  config = ml_collections.ConfigDict()
+  config.job = "train"
+  config.seed = 0
+  config.backbone = backbone_config
+  config.model = stage1_model(num_parts=num_parts)
+  config.loss = part_losses()
+  config.optimizer = part_optimizer()
+  config.data = data
+  config.trainer = trainer(num_epochs=num_epochs)
+  config.mesh = mesh()
+  return config
+
+
+def with_run_size(config: ml_collections.ConfigDict, arg: str) -> ml_collections.ConfigDict:
+  """Applies a training config's get_config arg: "" (as is) or "runlocal" (`shrink_for_cpu`)."""
+  if arg == "runlocal":
+    return shrink_for_cpu(config)
+  if arg:
+    raise ValueError(f"Unknown config argument {arg!r}; use '' or 'runlocal'.")
+  return config
