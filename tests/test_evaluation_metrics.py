@@ -125,6 +125,10 @@ def test_part_specificity_hand_computed():
   np.testing.assert_allclose(ps_g[:2], [0.5, 0.25])
   assert math.isnan(ps_g[2])
   assert ps == pytest.approx(0.375)
+  matched, other = part_metrics.specificity_terms(map_matrix, assignment)
+  np.testing.assert_allclose(matched[:2], [0.8, 0.55])
+  np.testing.assert_allclose(other, [0.3, 0.3, 0.5])
+  assert math.isnan(matched[2])
   # Every part matched: K_g^- is empty, PS_g undefined.
   _, ps_all = part_metrics.part_specificity(map_matrix, np.ones((3, 3), bool))
   assert math.isnan(ps_all)

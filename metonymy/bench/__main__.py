@@ -1,4 +1,5 @@
-"""python -m metonymy.bench vit --model vit_b16 [--batch-size 8] [--image-size 224] [--num-parts 8]"""
+"""python -m metonymy.bench vit --model vit_b16 [--batch-size 8] [--image-size 224] [--num-parts 8]
+python -m metonymy.bench probe [--train 6000] [--test 5794] [--parts 8] [--dim 768] [--attributes 248]"""
 
 import argparse
 import json
@@ -44,6 +45,22 @@ def main(argv=None) -> int:
   p.add_argument("--json", default=None, help="also write the results here")
   p.add_argument("--readme", default=None,
                  help="append this run's row to the generated table in this README")
+  q = sub.add_parser("probe", help="linear probes at CUB scale (train, weight decay, mAP matrix)")
+  q.add_argument("--train", type=int, default=6000, help="train + validation examples")
+  q.add_argument("--test", type=int, default=5794)
+  q.add_argument("--parts", type=int, default=8)
+  q.add_argument("--dim", type=int, default=768)
+  q.add_argument("--attributes", type=int, default=248)
+  q.add_argument("--patience", type=int, default=1, help="0 = run the whole weight-decay path")
+  q.add_argument("--json", default=None, help="also write the results here")
+  t = sub.add_parser("two_stage", help="single- vs two-stage (soft/hard/STE) time per batch")
+  t.add_argument("--model", default="vit_b16")
+  t.add_argument("--batch-size", type=int, default=8)
+  t.add_argument("--image-size", type=int, default=224)
+  t.add_argument("--num-parts", type=int, default=8)
+  t.add_argument("--repeats", type=int, default=3)
+  t.add_argument("--depth", type=int, default=None, help="fewer blocks, for quick runs")
+  t.add_argument("--json", default=None, help="also write the results here")
   args = parser.parse_args(argv)
   if args.bench == "vit":
     from metonymy.bench import vit as vit_bench
@@ -53,6 +70,16 @@ def main(argv=None) -> int:
     if args.readme:
       update_readme(args.readme, "bench:vit", vit_bench.MARKDOWN_HEADER,
                     vit_bench.markdown_rows(results), results["device"])
+  if args.bench == "probe":
+    from metonymy.bench import probe as probe_bench
+    results = probe_bench.run(args.train, args.test, args.parts, args.dim, args.attributes,
+                              patience=args.patience)
+    print(probe_bench.format_result(results))
+  if args.bench == "two_stage":
+    from metonymy.bench import two_stage as two_stage_bench
+    results = two_stage_bench.run(args.model, args.batch_size, args.image_size, args.num_parts,
+                                  repeats=args.repeats, depth=args.depth)
+    print(two_stage_bench.format_table(results))
   if args.json:
     with open(args.json, "w") as f:
       json.dump(results, f, indent=2)

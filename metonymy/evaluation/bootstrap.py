@@ -11,7 +11,7 @@ The interval is the percentile interval: the alpha/2 and 1 - alpha/2 quantiles o
 
 import math
 import warnings
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Callable, Dict, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -64,7 +64,8 @@ def bootstrap(stat: Stat, num_samples: int, *, num_resamples: int = 200, seed: i
   return _squeeze(interval(reps, value, alpha))
 
 
-def interval(replicates: np.ndarray, value: np.ndarray, alpha: float = 0.05) -> Dict[str, np.ndarray]:
+def interval(replicates: np.ndarray, value: np.ndarray,
+             alpha: float = 0.05) -> Dict[str, np.ndarray]:
   """Percentile interval of replicates [R, ...] around a point estimate (NaN-skipping)."""
   reps = np.asarray(replicates, np.float64)
   reps = np.where(np.isfinite(reps), reps, np.nan)
@@ -85,7 +86,8 @@ def _squeeze(d: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
 # Seeds.
 
 
-def over_seeds(values: Sequence[Union[float, np.ndarray]]) -> Dict[str, Union[float, np.ndarray, int]]:
+def over_seeds(values: Sequence[Union[float, np.ndarray]]
+               ) -> Dict[str, Union[float, np.ndarray, int]]:
   """Mean, sample std and standard error over seeds (NaN-skipping), with the seed count.
 
   values: one float (or same-shape array) per seed.

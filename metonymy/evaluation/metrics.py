@@ -115,7 +115,8 @@ def roc_auc(scores, labels, weights=None) -> np.ndarray:
   cum_neg = np.cumsum(neg, axis=0)
   end, start = _tie_group_end(s), _tie_group_start(s)
   neg_through_group = np.take_along_axis(cum_neg, end, axis=0)
-  neg_before_group = np.take_along_axis(cum_neg, start, axis=0) - np.take_along_axis(neg, start, axis=0)
+  neg_before_group = (np.take_along_axis(cum_neg, start, axis=0)
+                      - np.take_along_axis(neg, start, axis=0))
   group_neg = neg_through_group - neg_before_group
   wins = (pos * (neg_before_group + 0.5 * group_neg)).sum(0)
   total_pos, total_neg = pos.sum(0), neg.sum(0)
@@ -138,7 +139,8 @@ def group_mean(values: np.ndarray, attribute_group: Sequence[int], num_groups: i
   values = np.asarray(values, np.float64)
   groups = np.asarray(attribute_group, np.int64)
   if values.shape[-1] != groups.shape[0]:
-    raise ValueError(f"values have {values.shape[-1]} attributes, attribute_group {groups.shape[0]}")
+    raise ValueError(f"values have {values.shape[-1]} attributes, attribute_group "
+                     f"{groups.shape[0]}")
   if groups.size and (groups.min() < 0 or groups.max() >= num_groups):
     raise ValueError(f"attribute_group values must lie in [0, {num_groups})")
   onehot = (groups[:, None] == np.arange(num_groups)[None, :]).astype(np.float64)  # [A, G]

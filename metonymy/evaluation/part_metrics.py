@@ -116,6 +116,17 @@ def part_specificity(map_matrix: np.ndarray, assignment: np.ndarray) -> Tuple[np
   Returns:
     (float [G] PS_g, float PS); PS is NaN if no group is defined.
   """
+  mean_plus, mean_minus = specificity_terms(map_matrix, assignment)
+  ps_g = mean_plus - mean_minus
+  ps = float(np.nanmean(ps_g)) if np.isfinite(ps_g).any() else float("nan")
+  return ps_g, ps
+
+
+def specificity_terms(map_matrix: np.ndarray,
+                      assignment: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+  """The two terms of eq. 1 per group: (mean mAP over K_g^+, mean mAP over K_g^-), float [G]
+  each, NaN where the set is empty (or has no defined mAP). Low PS with a high second term is
+  leakage (or real cross-part correlation); low PS with a low first term is a weak probe."""
   m = np.asarray(map_matrix, np.float64)
   a = np.asarray(assignment, bool)
   if m.shape != a.shape:
@@ -123,11 +134,9 @@ def part_specificity(map_matrix: np.ndarray, assignment: np.ndarray) -> Tuple[np
   defined = np.isfinite(m)
   plus, minus = a & defined, ~a & defined
   with np.errstate(invalid="ignore", divide="ignore"):
-    mean_plus = np.where(plus, m, 0).sum(0) / plus.sum(0)
-    mean_minus = np.where(minus, m, 0).sum(0) / minus.sum(0)
-  ps_g = np.where((plus.sum(0) > 0) & (minus.sum(0) > 0), mean_plus - mean_minus, np.nan)
-  ps = float(np.nanmean(ps_g)) if np.isfinite(ps_g).any() else float("nan")
-  return ps_g, ps
+    mean_plus = np.where(plus.sum(0) > 0, np.where(plus, m, 0).sum(0) / plus.sum(0), np.nan)
+    mean_minus = np.where(minus.sum(0) > 0, np.where(minus, m, 0).sum(0) / minus.sum(0), np.nan)
+  return mean_plus, mean_minus
 
 
 # ------------------------------------------------------------------------------------------------

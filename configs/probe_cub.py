@@ -1,0 +1,27 @@
+"""Leakage benchmark on CUB-200-2011 (paper Table 1, Fig. S5-S6).
+
+  python -m metonymy.main --config=configs/probe_cub.py --workdir=DIR \
+      --config.data.root=/data/CUB_200_2011 \
+      --config.backbone.checkpoint=converted/dinov2_vitb14_reg4 \
+      --config.masks.path=/data/cub_part_maps_{split}.npy
+
+Part masks: K = 8 discovered parts saved by a part-discovery model (e.g. PDiscoFormer) as
+[N, H, W] label maps (background = 8) or [N, 9, H, W] soft maps per split, for the evaluation
+crop. CUB has no val split: 20% of train is held out (by seed) to choose weight decay. The 248
+attributes of Table S9 in 7 groups; K_g^+ from the contingency with the 7 merged keypoint groups.
+arg: the backbone preset used to build an architecture when no checkpoint is given (tests only).
+"""
+
+import ml_collections
+
+from metonymy import config_lib
+
+
+def get_config(arg: str = "vit_b14_reg4") -> ml_collections.ConfigDict:
+  config = config_lib.probe_job(
+      config_lib.probe_data("cub", train="train", val="", test="test", image_size=224,
+                            read_threads=4),
+      config_lib.part_masks("file", num_parts=8), seeds=(0,))
+  config.backbone = config_lib.backbone(preset=arg or "vit_b14_reg4", image_size=224)
+  config.backbone_name = ""  # default: the checkpoint's folder name
+  return config

@@ -1,0 +1,108 @@
+"""The probe job: `python -m metonymy.main --config=configs/probe_<dataset>.py --workdir=DIR`.
+
+For every backbone (`config.backbone`, or the suite `config.backbones` = {name: backbone()}) and
+every seed in `config.seeds`, runs `benchmark.evaluate`, then writes results.json, report.md and
+the figures (report.py) into the workdir.
+
+Seeds: a random-init backbone is initialised with the seed (so seeds are different backbones), and
+optionally pretrained for `backbone_pretraining.steps` (pretrain.py); a checkpoint is loaded once
+and the seed only changes the val carve-out and the bootstrap draws.
+Suite backbones without a checkpoint are skipped (and listed in the report) unless
+`allow_random_backbone` is set.
+"""
+
+import os
+import time
+from typing import Dict, List, Tuple
+
+from absl import logging
+
+from metonymy import config_lib
+from metonymy.probe import benchmark
+from metonymy.probe import pretrain
+from metonymy.probe import report
+
+
+def backbone_entries(config) -> List[Tuple[str, object]]:
+  """[(name, backbone config)] of a single-backbone or suite config."""
+  if "backbones" in config:
+    return list(config.backbones.items())
+  name = config.get("backbone_name", "") or _default_name(config.backbone)
+  return [(name, config.backbone)]
+
+
+def _default_name(backbone_cfg) -> str:
+  if backbone_cfg.checkpoint:
+    return os.path.basename(os.path.normpath(backbone_cfg.checkpoint))
+  return f"{backbone_cfg.preset}-random"
+
+
+def run(config, workdir: str) -> Dict:
+  start = time.perf_counter()
+  cache_root = config.features.cache_dir or os.path.join(workdir, "cache")
+  suite = "backbones" in config
+  per_backbone, visuals, arch, skipped = {}, {}, {}, {}
+  for name, backbone_cfg in backbone_entries(config):
+    if not backbone_cfg.checkpoint and not config.allow_random_backbone:
+      reason = ("no checkpoint: pass --config.backbone" + (f"s.{name}" if suite else "")
+                + ".checkpoint=PATH (or set allow_random_backbone=True)")
+      if not suite:
+        raise ValueError(f"backbone {name!r} has {reason}")
+      logging.warning("skipping backbone %s: %s", name, reason)
+      skipped[name] = "no checkpoint given"
+      continue
+    per_seed = []
+    loaded = None
+    for seed in config.seeds:
+      if backbone_cfg.checkpoint and "backbone_pretraining" in config and int(
+          config.backbone_pretraining.steps) > 0:
+        raise ValueError("backbone_pretraining.steps > 0 trains random-init backbones only; "
+                         f"backbone {name!r} loads {backbone_cfg.checkpoint}")
+      if backbone_cfg.checkpoint:
+        # The seed does not change a checkpoint: load it once.
+        loaded = loaded or config_lib.build_backbone(backbone_cfg, seed)
+        model, params, vit_config = loaded
+      else:
+        model, params, vit_config = config_lib.build_backbone(backbone_cfg, seed)
+        params = _maybe_pretrain(config, model, params, vit_config, int(seed))
+      print(f"[probe] {name} seed {seed}: {vit_config.depth} blocks, width {vit_config.width}, "
+            f"patch {vit_config.patch_size}, {config.data.dataset} at "
+            f"{config.data.image_size or vit_config.image_size} px", flush=True)
+      results, vis = benchmark.evaluate(name, model, params, vit_config, config, seed=int(seed),
+                                        cache_root=cache_root)
+      per_seed.append(results)
+      visuals.setdefault(name, vis["leakage_examples"])
+      arch[name] = {"width": vit_config.width, "patch_size": vit_config.patch_size,
+                    "depth": vit_config.depth}
+      print(f"[probe] {name} seed {seed}: PS late {_f(results.get('ps_late'))}, early "
+            f"{_f(results.get('ps_early'))}; causal leakage late "
+            f"{_f(results.get('causal_leakage_late'), 4)}, early "
+            f"{_f(results.get('causal_leakage_early'), 4)}", flush=True)
+    per_backbone[name] = per_seed
+  if not per_backbone:
+    raise ValueError(f"no backbone could run: {skipped}")
+  results = report.build_results(config, per_backbone, skipped)
+  results["seconds"] = time.perf_counter() - start
+  written = report.write(workdir, config, results, visuals, arch)
+  print(f"[probe] wrote {len(written)} files to {workdir} in {results['seconds']:.0f} s: "
+        f"{', '.join(os.path.basename(p) for p in written)}", flush=True)
+  return results
+
+
+def _maybe_pretrain(config, model, params, vit_config, seed: int):
+  """Quick supervised pretraining of a random-init backbone (pretrain.py), if configured."""
+  steps = int(config.backbone_pretraining.steps) if "backbone_pretraining" in config else 0
+  if steps <= 0:
+    return params
+  pre = config.backbone_pretraining
+  source, _, _ = benchmark.open_split(config.data, config.data.train, 0)
+  print(f"[probe] pretraining the random-init backbone for {steps} steps on {config.data.dataset}/"
+        f"{config.data.train}", flush=True)
+  transforms = benchmark.eval_transforms(vit_config, config.data)
+  return pretrain.pretrain(model, params, source, transforms, steps=steps,
+                           batch_size=int(pre.batch_size), learning_rate=float(pre.learning_rate),
+                           images=int(pre.images), seed=seed)
+
+
+def _f(value, digits: int = 3) -> str:
+  return "n/a" if value is None else f"{value:.{digits}f}"

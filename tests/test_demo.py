@@ -1,0 +1,178 @@
+"""The demo job (metonymy/demo.py): configs, the README block, the attention/feature helpers
+(metonymy/explore.py), and small end-to-end runs of the story and the correlation sweep."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from metonymy import config_lib
+from metonymy import demo
+from metonymy import explore
+from metonymy.models import vit
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG_FILE = os.path.join(ROOT, "configs", "demo.py")
+
+
+def _config(name, arg=""):
+  return config_lib.load_sibling_config(CONFIG_FILE, name, arg)
+
+
+@pytest.mark.parametrize("name,arg", [("demo", ""), ("demo", "tiny"),
+                                      ("demo_correlation_sweep", ""),
+                                      ("demo_correlation_sweep", "small")])
+def test_configs_load(name, arg):
+  config = _config(name, arg)
+  assert config.job == "demo"
+  assert config.mode == ("story" if name == "demo" else "correlation_sweep")
+  assert config.world.correlation == 0.0
+  # The sub-jobs are the real configs: a benchmark and (story) the two training runs.
+  assert config.benchmark.job == "probe" and config.benchmark.masks.source == "ground_truth"
+  if name == "demo":
+    assert config.single.model.name == "stage1"
+    assert config.two_stage.model.name == "two_stage"
+    assert config.two_stage.model.stage2.mask == "ste"
+    assert config.single.data.image_size == config.world.image_size
+  else:
+    assert "single" not in config and min(config.sweep.correlations) == 0.0
+    assert max(config.sweep.correlations) == 1.0
+
+
+@pytest.mark.parametrize("name", ["demo", "demo_correlation_sweep"])
+def test_unknown_arg_fails_clearly(name):
+  with pytest.raises(ValueError, match="unknown arg"):
+    _config(name, "nope")
+
+
+def test_update_readme_replaces_only_the_block(tmp_path):
+  path = tmp_path / "README.md"
+  path.write_text(f"# title\n\nbefore\n{demo.README_BEGIN}\nold table\n{demo.README_END}\nafter\n")
+  demo.update_readme(str(path), "| a |\n|---|\n| 1 |")
+  demo.update_readme(str(path), "| a |\n|---|\n| 2 |")  # idempotent shape: replaced, not appended
+  text = path.read_text()
+  assert text == (f"# title\n\nbefore\n{demo.README_BEGIN}\n| a |\n|---|\n| 2 |\n"
+                  f"{demo.README_END}\nafter\n")
+
+
+def test_update_readme_without_markers_fails_clearly(tmp_path):
+  path = tmp_path / "README.md"
+  path.write_text("# no markers\n")
+  with pytest.raises(ValueError, match="demo:results:begin"):
+    demo.update_readme(str(path), "x")
+  assert path.read_text() == "# no markers\n"
+
+
+def test_last_eval_reads_the_latest_evaluation(tmp_path):
+  records = [{"step": 5, "loss": 1.0},
+             {"step": 5, "eval/stage1/mAP": 0.3, "eval/parts/NMI": "nan"},
+             {"step": 10, "eval/stage1/mAP": 0.4, "eval/parts/NMI": 12.0},
+             {"step": 11, "loss": 0.5}]
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  assert demo.last_eval(str(tmp_path)) == {"stage1/mAP": 0.4, "parts/NMI": 12.0, "step": 10}
+
+
+def _tiny_vit():
+  config = vit.get_config("vit_tiny_test").replace(image_size=32, patch_size=4,
+                                                   pos_embed_grid=(8, 8))
+  model, params = vit.init_params(config, jax.random.PRNGKey(0))
+  images = jax.random.normal(jax.random.PRNGKey(1), (2, 32, 32, 3))
+  ids = jax.random.randint(jax.random.PRNGKey(2), (2, 8, 8), 0, 4)
+  return config, params, images, ids
+
+
+@pytest.mark.slow  # eager (unjitted) forwards: ~10 s on 2 CPU cores
+def test_attention_weights_are_the_models_and_respect_the_block_mask():
+  config, params, images, ids = _tiny_vit()
+  for layer in range(config.depth):
+    # check=True (the default) rebuilds the block from the weights and compares with the forward.
+    plain = explore.attention_weights(config, params, images, layer)
+    early = explore.attention_weights(config, params, images, layer, part_ids=ids, num_parts=3)
+    length = config.num_prefix + 64
+    assert plain["weights"].shape == (2, config.num_heads, length, length)
+    np.testing.assert_allclose(plain["weights"].sum(-1), 1.0, atol=1e-5)
+    groups = early["group_ids"]
+    allowed = groups[:, None, :, None] == groups[:, None, None, :]
+    assert early["weights"].shape[-1] == 4 * config.num_prefix + 64
+    assert np.all(early["weights"][~np.broadcast_to(allowed, early["weights"].shape)] == 0.0)
+    np.testing.assert_allclose(early["weights"].sum(-1), 1.0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_early_part_feature_ignores_pixels_outside_the_part():
+  config, params, images, ids = _tiny_vit()
+  inside = np.repeat(np.repeat(np.asarray(ids) == 1, 4, 1), 4, 2)[..., None]
+  edited = jnp.where(inside, images, images[::-1])
+  before = explore.late_and_early(config, params, images, ids, 3)
+  after = explore.late_and_early(config, params, edited, ids, 3)
+  np.testing.assert_array_equal(before["early"][:, 1], after["early"][:, 1])
+  assert np.abs(before["late"][:, 1] - after["late"][:, 1]).max() > 1e-4
+
+
+@pytest.fixture(scope="module")
+def tiny_demo(tmp_path_factory):
+  """One tiny story run (shared: its backbone also feeds the sweep test)."""
+  workdir = str(tmp_path_factory.mktemp("demo"))
+  readme = os.path.join(workdir, "README_copy.md")
+  with open(readme, "w") as f:
+    f.write(f"# x\n{demo.README_BEGIN}\n{demo.README_END}\n")
+  config = _config("demo", "tiny")
+  config.readme = readme
+  results = demo.run(config, workdir)
+  return workdir, results, readme
+
+
+@pytest.mark.slow
+def test_tiny_demo_writes_report_and_results(tiny_demo):
+  workdir, results, readme = tiny_demo
+  with open(os.path.join(workdir, "results.json")) as f:
+    saved = json.load(f)
+  assert saved["summary"].keys() == {
+      "ps_late", "ps_early", "causal_leakage_late", "causal_leakage_early", "map_single",
+      "map_two_stage_stage1", "map_two_stage_stage2", "map_two_stage_ensemble", "map_chance",
+      "nmi_single", "ari_single", "nmi_two_stage", "ari_two_stage"}
+  s = saved["summary"]
+  for key in ("ps_late", "ps_early", "causal_leakage_late", "map_single",
+              "map_two_stage_stage2", "map_two_stage_ensemble", "map_chance"):
+    assert isinstance(s[key], float), key
+  # Early masking: part k's feature is a function of part k's pixels only.
+  assert s["causal_leakage_early"] == 0.0 and s["causal_leakage_late"] > 0.0
+  assert set(saved["part_discovery"]["two_stage_ste"]["mAP"]) == {"stage1", "stage2", "ensemble"}
+  assert saved["seconds"]["total"] > 0
+  # The numbers in the files are the ones the sub-jobs measured.
+  with open(os.path.join(workdir, demo.BENCHMARK_DIR, "results.json")) as f:
+    assert json.load(f)["ps_late"] == pytest.approx(s["ps_late"])
+  assert demo.last_eval(os.path.join(workdir, "single"))["stage1/mAP"] == pytest.approx(
+      s["map_single"])
+  # report.md: the tables, and only links to figures that exist.
+  with open(os.path.join(workdir, "report.md")) as f:
+    report = f.read()
+  assert "| late (pool a plain forward" in report and "| two-stage STE |" in report
+  links = [line[line.index("](") + 2:-1] for line in report.splitlines() if line.startswith("![")]
+  assert any(l.startswith("benchmark/") for l in links)
+  assert any(l.startswith("two_stage_ste/images/") for l in links)
+  assert all(os.path.exists(os.path.join(workdir, l)) for l in links), links
+  with open(readme) as f:
+    block = f.read()
+  assert f"{s['ps_late']:.3f}" in block and demo.README_END in block
+
+
+@pytest.mark.slow
+def test_small_sweep_plots_ps_against_correlation(tiny_demo, tmp_path):
+  demo_dir = tiny_demo[0]
+  config = _config("demo_correlation_sweep", "small")
+  config.benchmark.backbone.checkpoint = os.path.join(demo_dir, demo.BACKBONE_DIR)
+  results = demo.run(config, str(tmp_path))
+  assert os.path.getsize(tmp_path / demo.SWEEP_PNG) > 1000
+  assert [p["correlation"] for p in results["points"]] == [0.0, 1.0]
+  with open(tmp_path / "results.json") as f:
+    points = json.load(f)["points"]
+  assert all(isinstance(p["ps_late"], float) and isinstance(p["ps_early"], float) for p in points)
+  report = (tmp_path / "report.md").read_text()
+  assert "| 0 |" in report and "| 1 |" in report
+  # Each correlation has its own benchmark workdir and report.
+  assert (tmp_path / "correlation_0" / "report.md").exists()
+  assert (tmp_path / "correlation_1" / "report.md").exists()
