@@ -10,7 +10,9 @@ def backbone(preset: str = "vit_b16", checkpoint: str = "", image_size: int = 0,
   """Which backbone to build: a converted/PyTorch checkpoint, or a random-init preset.
 
   checkpoint: a converted folder (python -m metonymy.checkpoints convert) or a PyTorch /
-    safetensors / Hugging Face checkpoint; empty means random weights of `preset`.
+    safetensors / Hugging Face checkpoint; empty means random weights of `preset`. A two-stage
+    training workdir gives its trained Stage-2 ViT (so the leakage benchmark, with
+    `masks.source="stage1"` on the same workdir, reads Stage 2's isolated part features).
   image_size: input resolution in pixels; 0 means the backbone's own default.
   """
   return ml_collections.ConfigDict({
@@ -25,7 +27,16 @@ def backbone(preset: str = "vit_b16", checkpoint: str = "", image_size: int = 0,
 def build_backbone(config: ml_collections.ConfigDict, seed: int = 0):
   """(model, params, vit_config) for a `backbone()` config block."""
   import jax  # Imported here so configs stay importable without touching a JAX backend.
+  import os
   from metonymy import checkpoints
+  if config.checkpoint and os.path.exists(os.path.join(config.checkpoint, "model.json")):
+    from metonymy.models import stage1  # A training workdir: its Stage-2 ViT.
+    masks = stage1.PartMasks.from_workdir(config.checkpoint)
+    if "stage2" not in masks.params:
+      raise ValueError(f"{config.checkpoint} is a single-stage workdir: its backbone is frozen; "
+                       "pass that backbone's own checkpoint instead.")
+    model = vit.VisionTransformer(masks.model.stage2.backbone)
+    return model, masks.params["stage2"]["backbone"], model.config
   if config.checkpoint:
     model, params = checkpoints.load_backbone(config.checkpoint, family=config.family or None,
                                               image_size=config.image_size or None)

@@ -171,3 +171,23 @@ def test_one_training_step_matches_on_one_and_eight_devices(tmp_path):
   for mask in ("soft", "hard", "ste"):
     assert list(one[mask]) == [1]
     np.testing.assert_allclose(eight[mask]["1"], one[mask][1], rtol=2e-5, err_msg=mask)
+
+
+@pytest.mark.slow
+def test_benchmark_backbone_from_a_two_stage_workdir_gives_stage2_features(tmp_path):
+  """A two-stage workdir as `backbone.checkpoint` yields Stage 2's ViT: its early-masked CLS
+  with Stage 1's part ids is exactly the model's Stage-2 part feature."""
+  config = _config("ste")
+  config.trainer.num_steps = 2
+  workdir = str(tmp_path / "run")
+  train.run(config, workdir)
+  masks = stage1_lib.PartMasks.from_workdir(workdir)
+  model, params, _ = config_lib.build_backbone(
+      config_lib.backbone(checkpoint=workdir, image_size=config.data.image_size))
+  size = config.data.image_size
+  images = jax.random.normal(jax.random.PRNGKey(0), (2, size, size, 3))
+  ids = masks.part_ids(images)
+  early = model.apply({"params": params}, images, part_ids=ids,
+                      num_parts=masks.model.num_parts)["part_tokens"][:, :, 0]
+  np.testing.assert_allclose(np.asarray(early), np.asarray(masks.part_features(images)),
+                             atol=1e-5, rtol=0)
