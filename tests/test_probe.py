@@ -418,6 +418,7 @@ def _tiny_real_config(name, root, masks_path):
       image_size=32)
   config.allow_random_backbone = True
   config.data.root = str(root)
+  config.data.image_size = 32
   config.data.read_threads = 1
   config.data.max_train = 0
   config.masks.path = str(masks_path)
