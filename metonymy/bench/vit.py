@@ -11,7 +11,6 @@ patches]` sequence with the same block mask.
 
 import dataclasses
 import os
-import statistics
 import tempfile
 import time
 from typing import Callable, Dict, Optional
@@ -38,13 +37,10 @@ class Timing:
   images_per_second: float
 
 
-def _median_time(fn: Callable[[], None], repeats: int) -> float:
-  samples = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    samples.append(time.perf_counter() - start)
-  return statistics.median(samples)
+def _seconds(fn: Callable[[], None]) -> float:
+  start = time.perf_counter()
+  fn()
+  return time.perf_counter() - start
 
 
 def _timm_reference(model_name: str, image_size: int, depth: Optional[int]):
@@ -153,7 +149,7 @@ def run(model_name: str = "vit_b16", batch_size: int = 8, image_size: int = 224,
   samples = {name: [] for name in fns}
   for _ in range(repeats):  # Interleaved, so slow drifts of machine load hit every variant.
     for name, fn in fns.items():
-      samples[name].append(_median_time(fn, 1))
+      samples[name].append(_seconds(fn))
   # The minimum over repetitions: load from other processes only ever adds time.
   timings = {name: Timing(min(s), batch_size / min(s)) for name, s in samples.items()}
   results["timings"] = {k: dataclasses.asdict(v) for k, v in timings.items()}

@@ -38,8 +38,8 @@ import numpy as np
 
 from metonymy.data import base
 from metonymy.data import groupings
-from metonymy.data.files import (check_split, load_rgb, parse_int, read_rows, require_file,
-                                 verify_split_images)
+from metonymy.data.files import (check_split, example_index, load_rgb, parse_int, read_rows,
+                                 require_file, verify_split_images)
 
 SPLITS: Tuple[str, ...] = ("train", "val", "test")
 PathLike = Union[str, os.PathLike]
@@ -270,11 +270,7 @@ class CelebaSource:
     return self._dir / self.files[i]
 
   def __getitem__(self, i) -> Dict[str, np.ndarray]:
-    i = int(i)
-    if i < 0:
-      i += len(self)
-    if not 0 <= i < len(self):
-      raise IndexError(f"index {i} out of range for CelebA {self.split} ({len(self)} examples)")
+    i = example_index(i, len(self), f"CelebA {self.split}")
     image = load_rgb(self.image_path(i))
     h, w = image.shape[:2]
     kp = self._keypoints[i].copy()

@@ -46,7 +46,8 @@ import numpy as np
 
 from metonymy.data import base
 from metonymy.data import groupings
-from metonymy.data.files import check_split, load_rgb, require_file, verify_split_images
+from metonymy.data.files import (check_split, example_index, load_rgb, require_file,
+                                 verify_split_images)
 
 SPLITS: Tuple[str, ...] = ("train", "valid", "test")
 DATASET_DIRS: Tuple[str, ...] = ("CheXpert-v1.0-small", "CheXpert-v1.0")
@@ -402,11 +403,7 @@ class ChexpertSource:
     return out, True
 
   def __getitem__(self, i) -> Dict[str, np.ndarray]:
-    i = int(i)
-    if i < 0:
-      i += len(self)
-    if not 0 <= i < len(self):
-      raise IndexError(f"index {i} out of range for CheXpert {self.split} ({len(self)} examples)")
+    i = example_index(i, len(self), f"CheXpert {self.split}")
     image = load_rgb(self.image_path(i))
     example = {
         "image": image,

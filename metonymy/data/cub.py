@@ -41,8 +41,8 @@ import numpy as np
 
 from metonymy.data import base
 from metonymy.data import groupings
-from metonymy.data.files import (check_split, load_rgb, parse_float, parse_int, read_rows,
-                                 require_file, verify_split_images)
+from metonymy.data.files import (check_split, example_index, load_rgb, parse_float, parse_int,
+                                 read_rows, require_file, verify_split_images)
 
 SPLITS: Tuple[str, ...] = ("train", "test")
 DATASET_DIR = "CUB_200_2011"
@@ -376,11 +376,7 @@ class CubSource:
     return self._dir / self.paths[i]
 
   def __getitem__(self, i) -> Dict[str, np.ndarray]:
-    i = int(i)
-    if i < 0:
-      i += len(self)
-    if not 0 <= i < len(self):
-      raise IndexError(f"index {i} out of range for CUB {self.split} ({len(self)} examples)")
+    i = example_index(i, len(self), f"CUB {self.split}")
     return {
         "image": load_rgb(self.image_path(i)),
         "attributes": self._attributes[i].astype(np.float32),

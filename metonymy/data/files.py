@@ -94,3 +94,13 @@ def verify_split_images(split_paths: Dict[str, Sequence[Path]], verify: int) -> 
     todo = paths if verify < 0 else paths[:verify]
     for p in todo:
       load_rgb(Path(p))
+
+
+def example_index(i, length: int, what: str) -> int:
+  """i as a non-negative int in [0, length); negative i counts from the end like a list."""
+  i = int(i)
+  if i < 0:
+    i += length
+  if not 0 <= i < length:
+    raise IndexError(f"index {i} out of range for {what} ({length} examples)")
+  return i
