@@ -178,6 +178,32 @@ def test_shards_are_disjoint_and_cover_the_split():
   assert [len(b["index"]) for b in unpadded] == [4, 4, 2]
 
 
+def test_global_batches_do_not_depend_on_the_process_count():
+  # One process with batch 8, or 2 / 4 processes with 4 / 2 each: the same global batches, in
+  # the same order, with the same augmentations (keyed by stream position, not by process).
+  train = synthetic.SyntheticParts(WORLD, "train")  # 40 examples: batches straddle epochs
+  chain = T.standard(40, train=True, mean=(0.5,) * 3, std=(0.25,) * 3)
+
+  def global_batches(processes):
+    its = [iter(pipeline.make_pipeline(train, batch_size=8 // processes, train=True, seed=5,
+                                       transforms=chain, shard_index=k, shard_count=processes))
+           for k in range(processes)]
+    out = []
+    for _ in range(7):  # 56 examples: into the second epoch
+      shares = [next(it) for it in its]
+      out.append({key: np.concatenate([s[key] for s in shares]) for key in ("index", "image")})
+    return out
+
+  one = global_batches(1)
+  for processes in (2, 4):
+    for step, (a, b) in enumerate(zip(one, global_batches(processes))):
+      np.testing.assert_array_equal(a["index"], b["index"], err_msg=f"step {step}")
+      np.testing.assert_array_equal(a["image"], b["image"], err_msg=f"step {step}")
+  epoch = np.concatenate([b["index"] for b in one])[:40]
+  assert sorted(epoch.tolist()) == list(range(40))
+  assert pipeline.num_batches(40, 4, train=True, shard_count=2) == 5
+
+
 def test_shuffle_is_seeded_and_reshuffles_every_epoch():
   train = synthetic.SyntheticParts(WORLD, "train")
   def order(seed):

@@ -6,17 +6,19 @@
   it = iter(ds)
   batch = next(it)   # {"image": float32 [B, H, W, 3], "attributes": [B, A], ..., "valid": [B]}
 
-Order of operations: shard the index space -> (train) seeded shuffle, reshuffled every epoch ->
-repeat -> load + augment (one generator per element, derived from the seed, the shard and the
-element's position, so a restored iterator reproduces the same augmentations) -> batch ->
-optional worker processes.
+Training order: one global stream, the same on every process: the index space is shuffled with
+the seed (reshuffled every epoch) and repeated; element i of that stream is loaded and augmented
+with a generator derived from (seed, i). Global batch s is elements [s G, (s + 1) G) of the stream
+(G = batch_size x process_count) and process p takes its p-th slice of batch_size. So the global
+batch, its order and its augmentations do not depend on how many processes share it: one process
+with batch G and P processes with batch G / P see the same examples in the same order, and a
+multi-host run reproduces the single-process one (tests/test_multiprocess.py). Batches may
+straddle epoch boundaries; every example appears exactly once per epoch.
 
-Sharding: process p of P (jax.process_index() / process_count() by default) reads the indices
-p, p + P, p + 2P, ...: disjoint across processes, together covering the split. Training shards are
-cut to equal length so every process takes the same number of steps. Evaluation shards are padded
-to equal length and to whole batches with copies of a real example marked `valid = False`, so no
-example is dropped and every process runs the same number of full, static-shape batches. Every
-element carries `valid` (bool); in training it is always True.
+Evaluation: process p of P reads the indices p, p + P, p + 2P, ..., padded to equal length and to
+whole batches with copies of a real example marked `valid = False`, so no example is dropped and
+every process runs the same number of full, static-shape batches. Every element carries `valid`
+(bool); in training it is always True.
 
 Iterator state checkpoints with Orbax next to the model state:
 
@@ -62,22 +64,41 @@ class _Load:
     return example
 
 
-def shard_indices(num_examples: int, shard_index: int, shard_count: int, *, train: bool,
+def shard_indices(num_examples: int, shard_index: int, shard_count: int, *,
                   batch_size: int = 1, pad: bool = True) -> np.ndarray:
-  """int64 indices of one shard; -1 marks evaluation padding (see the module docstring)."""
+  """int64 indices of one evaluation shard; -1 marks padding (see the module docstring)."""
   if not 0 <= shard_index < shard_count:
     raise ValueError(f"shard_index {shard_index} not in [0, {shard_count})")
-  if train:
-    per_shard = num_examples // shard_count
-    if per_shard == 0:
-      raise ValueError(f"{num_examples} examples cannot fill {shard_count} training shards")
-    return np.arange(shard_index, per_shard * shard_count, shard_count, dtype=np.int64)
   indices = np.arange(shard_index, num_examples, shard_count, dtype=np.int64)
   if not pad:
     return indices
   per_shard = math.ceil(num_examples / shard_count)
   per_shard = math.ceil(per_shard / batch_size) * batch_size
   return np.concatenate([indices, np.full(per_shard - len(indices), -1, np.int64)])
+
+
+class _ProcessShare(grain.MapDataset):
+  """Process p's share of a global stream: element j of micro-batch s is stream element
+  s * batch_size * shard_count + p * batch_size + j."""
+
+  def __init__(self, parent: grain.MapDataset, batch_size: int, shard_index: int,
+               shard_count: int):
+    super().__init__(parent)
+    self._batch_size, self._shard_index, self._shard_count = batch_size, shard_index, shard_count
+
+  def __len__(self) -> int:
+    return len(self._parent) // (self._batch_size * self._shard_count) * self._batch_size
+
+  def __getitem__(self, index):
+    if isinstance(index, slice):
+      return self.slice(index)
+    step, offset = divmod(int(index), self._batch_size)
+    global_batch = self._batch_size * self._shard_count
+    return self._parent[step * global_batch + self._shard_index * self._batch_size + offset]
+
+  def __str__(self) -> str:
+    return (f"_ProcessShare(batch_size={self._batch_size}, shard={self._shard_index}/"
+            f"{self._shard_count})")
 
 
 def make_pipeline(source, *, batch_size: int, train: bool, seed: int = 0,
@@ -90,9 +111,11 @@ def make_pipeline(source, *, batch_size: int, train: bool, seed: int = 0,
 
   Args:
     source: random-access source of example dicts (base.py); picklable if worker_count > 0.
-    batch_size: examples per batch on this process.
-    train: shuffle (reseeded every epoch), drop the last partial batch, repeat forever by default.
-      Otherwise keep the source order and pad the last batch (see `pad_remainder`).
+    batch_size: examples per batch on this process (the global batch is batch_size x
+      shard_count).
+    train: one global shuffled stream (reseeded every epoch), of which this process takes its
+      slice of every global batch; repeats forever by default. Otherwise keep the source order,
+      shard it by striding and pad the last batch (see `pad_remainder`).
     seed: shuffle and augmentation seed; the same on every process.
     transforms: `f(example, rng) -> example`, e.g. `transforms.standard(...)`; must be picklable
       if worker_count > 0.
@@ -113,18 +136,28 @@ def make_pipeline(source, *, batch_size: int, train: bool, seed: int = 0,
     import jax  # Only when needed: asking for the process index initializes the backend.
     shard_index = jax.process_index() if shard_index is None else shard_index
     shard_count = jax.process_count() if shard_count is None else shard_count
-  indices = shard_indices(len(source), shard_index, shard_count, train=train,
-                          batch_size=batch_size, pad=pad_remainder)
-  pad_index = int(indices[0]) if len(indices) and indices[0] >= 0 else 0
-  ds = grain.MapDataset.source(indices)
-  if train:
-    ds = ds.shuffle(seed=_seed_for(seed, 0))
+  if not 0 <= shard_index < shard_count:
+    raise ValueError(f"shard_index {shard_index} not in [0, {shard_count})")
   if num_epochs is None:
     num_epochs = None if train else 1
-  if num_epochs != 1:
-    ds = ds.repeat(num_epochs)
-  # The augmentation stream differs per shard; it depends only on (seed, shard, position).
-  ds = ds.random_map(_Load(source, transforms, pad_index), seed=_seed_for(seed, 1, shard_index))
+  if train:
+    if len(source) == 0:
+      raise ValueError("The training source is empty.")
+    ds = grain.MapDataset.source(np.arange(len(source), dtype=np.int64))
+    ds = ds.shuffle(seed=_seed_for(seed, 0))
+    if num_epochs != 1:
+      ds = ds.repeat(num_epochs)
+    # Augmentations are keyed by the position in the global stream, not by the process.
+    ds = ds.random_map(_Load(source, transforms, 0), seed=_seed_for(seed, 1))
+    ds = _ProcessShare(ds, batch_size, shard_index, shard_count)
+  else:
+    indices = shard_indices(len(source), shard_index, shard_count, batch_size=batch_size,
+                            pad=pad_remainder)
+    pad_index = int(indices[0]) if len(indices) and indices[0] >= 0 else 0
+    ds = grain.MapDataset.source(indices)
+    if num_epochs != 1:
+      ds = ds.repeat(num_epochs)
+    ds = ds.random_map(_Load(source, transforms, pad_index), seed=_seed_for(seed, 1, shard_index))
   ds = ds.batch(batch_size, drop_remainder=train)
   it = ds.to_iter_dataset(grain.ReadOptions(num_threads=read_threads,
                                             prefetch_buffer_size=prefetch_batches))
@@ -146,7 +179,8 @@ def _allow_unparsed_absl_flags():
 
 
 def num_batches(num_examples: int, batch_size: int, *, train: bool, shard_count: int = 1) -> int:
-  """Batches one epoch yields on each process (on the largest shard when evaluation is unpadded)."""
+  """Batches one epoch yields on each process (on the largest shard when evaluation is unpadded);
+  in training, whole global batches of batch_size x shard_count per epoch."""
   if train:
-    return (num_examples // shard_count) // batch_size
+    return num_examples // (batch_size * shard_count)
   return math.ceil(math.ceil(num_examples / shard_count) / batch_size)
