@@ -296,8 +296,13 @@ def two_stage(config: ml_collections.ConfigDict, mask: str, feature: str = "cls"
     raise ValueError(f"Stage-2 mask must be 'soft', 'hard' or 'ste', got {mask!r}")
   config = ml_collections.ConfigDict(config.to_dict())
   config.model.name = "two_stage"
+  # drop_background: at inference, hard / STE Stage 2 skips the background group (bit-identical
+  # foreground outputs, models/block_sparse.py). attention_tiles > 0: tiled block-sparse
+  # attention under hard masks.
   config.model.stage2 = ml_collections.ConfigDict({"mask": mask, "feature": feature,
-                                                  "ste_scope": ste_scope})
+                                                  "ste_scope": ste_scope,
+                                                  "drop_background": True,
+                                                  "attention_tiles": 0})
   return config
 
 

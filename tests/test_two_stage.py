@@ -58,6 +58,27 @@ def test_other_parts_pixels_leave_part_features_and_scores_bit_identical(mask):
                                     np.asarray(reference["part_scores"][:, :, k]))
 
 
+@pytest.mark.parametrize("mask", ["hard", "ste"])
+def test_inference_drops_the_background_without_changing_the_foreground(mask):
+  module, params, images, probs = _stage2_setup(mask)
+  kept = module.clone(drop_background=False)
+  dropped = jax.jit(lambda x: module.apply({"params": params}, x, probs, train=False))(images)
+  full = jax.jit(lambda x: kept.apply({"params": params}, x, probs, train=False))(images)
+  # The background group is skipped; the foreground's math is unchanged (bit for bit against
+  # the full sorted forward: tests/test_block_sparse.py; here against the natural layout).
+  assert not np.any(np.asarray(dropped["part_features"][:, K]))
+  np.testing.assert_allclose(dropped["part_features"][:, :K], full["part_features"][:, :K],
+                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(dropped["logits"], full["logits"], rtol=1e-5, atol=1e-5)
+  # Zero leakage holds in the dropped path too.
+  noise = 5.0 * jax.random.normal(jax.random.PRNGKey(9), images.shape)
+  apply = jax.jit(lambda x: module.apply({"params": params}, x, probs, train=False))
+  for k in range(K):
+    out = apply(jnp.where(_outside(probs, k), images + noise, images))
+    np.testing.assert_array_equal(np.asarray(out["part_scores"][:, :, k]),
+                                  np.asarray(dropped["part_scores"][:, :, k]))
+
+
 @pytest.mark.parametrize("scope", ["layer", "stream"])
 def test_ste_forward_equals_hard_forward_exactly(scope):
   hard, params, images, probs = _stage2_setup("hard")

@@ -60,6 +60,12 @@ class Stage2(nn.Module):
     feature: "cls" or "cls_registers" (mean of each part's CLS and register tokens).
     ste_scope: where STE combines hard and soft: "layer" (every attention layer's output, the
       default) or "stream" (the final tokens of a full hard and a full soft pass).
+    drop_background: at inference (train=False) with hard or STE masks, skip the background
+      group: the foreground's features and scores are bit-identical, the background's features
+      are zeros, and Stage 2 costs K P + N_fg tokens instead of (K + 1) P + N
+      (models/block_sparse.py).
+    attention_tiles: > 0: hard-mask attention tile by tile over the part-sorted sequence,
+      skipping key tiles no query of a tile may see (models/block_sparse.py).
   """
   backbone: vit.ViTConfig
   num_parts: int
@@ -67,6 +73,8 @@ class Stage2(nn.Module):
   mask: str = "ste"
   feature: str = "cls"
   ste_scope: str = "layer"  # "layer" (per attention layer) or "stream" (whole-stream outputs).
+  drop_background: bool = True
+  attention_tiles: int = 0
   norm_eps: float = 1e-5
   dtype: Any = jnp.float32
 
@@ -82,13 +90,14 @@ class Stage2(nn.Module):
       raise ValueError(f"stage2 mask must be one of {MASKS}, got {self.mask!r}")
     if self.feature not in FEATURES:
       raise ValueError(f"stage2 feature must be one of {FEATURES}, got {self.feature!r}")
-    model = vit.VisionTransformer(self.backbone, dtype=self.dtype, name="backbone")
+    model = vit.VisionTransformer(self.backbone, dtype=self.dtype,
+                                  attention_tiles=self.attention_tiles, name="backbone")
     grid = model.patch_grid(images.shape)
     part_ids = jnp.argmax(jax.lax.stop_gradient(part_probs), axis=-1).reshape((-1,) + grid)
     run = lambda **kwargs: model(images, part_ids=part_ids, num_parts=self.num_parts,
                                  **kwargs)["part_tokens"]                     # [B, K+1, P, D]
     if self.mask == "hard" or (self.mask == "ste" and not train):
-      tokens = run()
+      tokens = run(drop_background=self.drop_background and not train)
     else:
       bias = attention_masks.soft_group_attention_bias(part_probs, self.backbone.num_prefix)
       if self.mask == "soft":
@@ -167,5 +176,7 @@ def build(config, num_attributes: int) -> Tuple[TwoStage, Any]:
                   num_attributes=num_attributes, mask=config.model.stage2.mask,
                   feature=config.model.stage2.feature,
                   ste_scope=config.model.stage2.get("ste_scope", "layer"),
+                  drop_background=config.model.stage2.get("drop_background", True),
+                  attention_tiles=config.model.stage2.get("attention_tiles", 0),
                   dtype=jnp.dtype(config.backbone.dtype))
   return TwoStage(stage1, stage2), frozen

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from metonymy.models import attention_masks
+from metonymy.models import block_sparse
 from metonymy.models import pos_embed as pos_lib
 
 
@@ -122,10 +123,12 @@ class Attention(nn.Module):
   config: ViTConfig
   dtype: Any = jnp.float32
   attention_impl: Optional[str] = None
+  attention_tiles: int = 0
 
   @nn.compact
   def __call__(self, x, mask=None, bias=None, rope=None, straight_through=False):
-    """x: [B, L, D]; mask: bool [B, 1, L, L]; bias: float [B, 1|H, L, L]; rope: (sin, cos).
+    """x: [B, L, D]; mask: bool [B, 1, L, L], or block_sparse.SortedGroups for a sorted sequence
+    (attended tile by tile when attention_tiles > 0); bias: float [B, 1|H, L, L]; rope: (sin, cos).
 
     straight_through: the output is that of the boolean `mask` in the forward pass and gets the
     gradient of the additive `bias` in the backward pass: SG(H_hard) + H_soft - SG(H_soft),
@@ -149,7 +152,10 @@ class Attention(nn.Module):
       num_patches = sin.shape[-2]
       q = jnp.concatenate([q[:, :-num_patches], pos_lib.apply_rope(q[:, -num_patches:], sin, cos)], 1)
       k = jnp.concatenate([k[:, :-num_patches], pos_lib.apply_rope(k[:, -num_patches:], sin, cos)], 1)
-    if straight_through:
+    if isinstance(mask, block_sparse.SortedGroups):
+      out = block_sparse.tiled_attention(q, k, v, mask.group_ids, self.attention_tiles,
+                                         self.attention_impl)
+    elif straight_through:
       hard = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=self.attention_impl)
       soft = jax.nn.dot_product_attention(q, k, v, bias=bias, implementation=self.attention_impl)
       out = jax.lax.stop_gradient(hard) + (soft - jax.lax.stop_gradient(soft))
@@ -190,11 +196,12 @@ class Block(nn.Module):
   config: ViTConfig
   dtype: Any = jnp.float32
   attention_impl: Optional[str] = None
+  attention_tiles: int = 0
 
   @nn.compact
   def __call__(self, x, mask=None, bias=None, rope=None, straight_through=False):
     cfg = self.config
-    y = Attention(cfg, self.dtype, self.attention_impl, name="attn")(
+    y = Attention(cfg, self.dtype, self.attention_impl, self.attention_tiles, name="attn")(
         _layer_norm(cfg, "norm1")(x), mask, bias, rope, straight_through)
     if cfg.layer_scale:
       y = LayerScale(cfg.width, name="ls1")(y)
@@ -215,11 +222,21 @@ class VisionTransformer(nn.Module):
     pad_to_multiple: pad the sequence with masked-out tokens to a multiple of this (with
       attention_impl="cudnn" at least 2: cuDNN wants even lengths with masks). Padding never
       changes the real tokens' values.
+    token_order: layout of the early-masked sequence: "natural" (`[prefix copies, patches]`) or
+      "sorted" (group by group: each part's prefix copy, then its patches; block_sparse.py).
+      Outputs are returned in the natural layout either way.
+    attention_tiles: > 0: with hard masks, attend tile by tile over the sorted sequence, skipping
+      key tiles no query of the tile may see (implies "sorted"). 0: dense masked attention.
+    capacity_buckets: with drop_background, the sequence lengths (fractions of the full one) that
+      a batch's foreground is cut to; one compiled program each, the smallest that fits runs.
   """
   config: ViTConfig
   dtype: Any = jnp.float32
   attention_impl: Optional[str] = None
   pad_to_multiple: int = 1
+  token_order: str = "natural"
+  attention_tiles: int = 0
+  capacity_buckets: Tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
 
   def setup(self):
     cfg = self.config
@@ -235,7 +252,10 @@ class VisionTransformer(nn.Module):
       self.pos_embed = self.param("pos_embed", init, (1, grid_h * grid_w, cfg.width))
     if cfg.ln_pre:
       self.ln_pre = _layer_norm(cfg, "ln_pre")
-    self.blocks = [Block(cfg, self.dtype, self.attention_impl, name=f"blocks_{i}")
+    if self.token_order not in ("natural", "sorted"):
+      raise ValueError(f"token_order must be 'natural' or 'sorted', got {self.token_order!r}")
+    self.blocks = [Block(cfg, self.dtype, self.attention_impl, self.attention_tiles,
+                         name=f"blocks_{i}")
                    for i in range(cfg.depth)]
     self.norm = _layer_norm(cfg, "norm")
     if cfg.projection_dim:
@@ -285,7 +305,8 @@ class VisionTransformer(nn.Module):
     Args:
       tokens: [B, L, D]: prefix tokens first, patch tokens last.
       rope: (sin, cos) of shape [N, head_dim] or [B, N, head_dim] for the last N tokens.
-      mask: bool [B, 1, L, L], True = attend. bias: additive float [B, 1|H, L, L].
+      mask: bool [B, 1, L, L], True = attend; or block_sparse.SortedGroups (group ids of a
+        sorted sequence). bias: additive float [B, 1|H, L, L].
       straight_through: forward with `mask`, gradient of `bias` (see `Attention`).
       return_intermediates: also return every block's output (before the final norm).
 
@@ -304,13 +325,18 @@ class VisionTransformer(nn.Module):
         rope = (jnp.pad(sin, pad_rows), jnp.pad(cos, pad_rows, constant_values=1.0))
       valid = jnp.arange(length + padded) < length
       key_mask = jnp.broadcast_to(valid[None, None, None, :], (tokens.shape[0], 1, 1, length + padded))
-      if mask is None:
+      if isinstance(mask, block_sparse.SortedGroups):  # Padding: one more group, sorted last.
+        mask = block_sparse.SortedGroups(jnp.pad(mask.group_ids, ((0, 0), (0, padded)),
+                                                 constant_values=block_sparse.PAD_GROUP))
+      elif mask is None:
         mask = key_mask
       else:
         mask = jnp.pad(mask, ((0, 0), (0, 0), (0, padded), (0, padded))) & key_mask
       if bias is not None:  # Padded keys are blocked in the bias too (the STE soft path).
         bias = jnp.pad(bias, ((0, 0), (0, 0), (0, padded), (0, padded)))
         bias = jnp.where(valid[None, None, None, :], bias, jnp.finfo(bias.dtype).min)
+    if isinstance(mask, block_sparse.SortedGroups) and not self.attention_tiles:
+      mask = attention_masks.block_attention_mask(mask.group_ids)  # Once, not once per layer.
     x = tokens
     if self.config.ln_pre:
       x = self.ln_pre(x)
@@ -321,10 +347,83 @@ class VisionTransformer(nn.Module):
         intermediates.append(x[:, :length])
     return self.norm(x)[:, :length], intermediates
 
+  def _encode_sorted(self, tokens, rope, group_ids, flat_ids, num_parts: int, attention_bias,
+                     straight_through_bias, drop_background: bool, return_intermediates: bool):
+    """`encode` of the early-masked sequence in the sorted layout (block_sparse.py); tokens and
+    intermediates come back in the natural layout."""
+    batch, length = group_ids.shape
+    order, inverse = block_sparse.sort_order(group_ids)
+    tokens = block_sparse.gather_tokens(tokens, order)
+    groups = block_sparse.gather_tokens(group_ids, order)
+    if rope is not None:  # Per-token tables in the sorted order; prefix tokens get the identity.
+      sin, cos = rope
+      num_prefix = length - sin.shape[0]
+      sin = jnp.concatenate([jnp.zeros((num_prefix, sin.shape[1]), sin.dtype), sin])
+      cos = jnp.concatenate([jnp.ones((num_prefix, cos.shape[1]), cos.dtype), cos])
+      rope = tuple(block_sparse.gather_tokens(jnp.broadcast_to(t, (batch,) + t.shape), order)
+                   for t in (sin, cos))
+    bias = attention_bias if straight_through_bias is None else straight_through_bias
+    if bias is not None:
+      bias = block_sparse.gather_bias(bias, order)
+    if attention_bias is not None:
+      mask = None
+    elif straight_through_bias is not None:
+      mask = attention_masks.block_attention_mask(groups)
+    else:
+      mask = block_sparse.SortedGroups(groups)
+
+    def run(size, from_end=False):
+      """Encodes a window of `size` tokens (the first ones, or the last ones) and pads the
+      outputs back to the full length."""
+      window = slice(length - size, None) if from_end else slice(0, size)
+      padding = (length - size, 0) if from_end else (0, length - size)
+
+      def branch(module, tokens, rope, groups):
+        cut = lambda x: x[:, window]
+        window_mask = block_sparse.SortedGroups(cut(groups)) if isinstance(
+            mask, block_sparse.SortedGroups) else mask
+        x, inter = module.encode(cut(tokens), None if rope is None else tuple(map(cut, rope)),
+                                 mask=window_mask, bias=bias,
+                                 return_intermediates=return_intermediates,
+                                 straight_through=straight_through_bias is not None)
+        grow = lambda y: jnp.pad(y, ((0, 0), padding, (0, 0)))
+        return grow(x), [grow(y) for y in inter]
+      return branch
+
+    def segment(needed, from_end=False):
+      """The shortest capacity bucket holding `needed` tokens, picked at run time."""
+      sizes = block_sparse.capacities(length, self.capacity_buckets)
+      if self.is_initializing() or len(sizes) == 1:
+        return run(length)(self, tokens, rope, groups)
+      return nn.switch(block_sparse.bucket_index(needed, sizes),
+                       [run(size, from_end) for size in sizes], self, tokens, rope, groups)
+
+    if not isinstance(mask, block_sparse.SortedGroups):  # Soft / STE: one dense pass.
+      x, intermediates = run(length)(self, tokens, rope, groups)
+    else:
+      # Hard masks: the foreground (first K P + N_fg tokens) and the background (the rest) are
+      # two independent windows. Encoding them apart skips the attention between them, and
+      # makes the foreground a computation of its own, so dropping the background leaves it
+      # bit for bit unchanged (a program's float results depend on its shapes).
+      needed = block_sparse.foreground_length(flat_ids, num_parts, self.config.num_prefix)
+      foreground = (groups != num_parts)[..., None]
+      x, intermediates = segment(needed)
+      if drop_background:
+        background_x, background_inter = jnp.zeros_like(x), [jnp.zeros_like(y) for y in intermediates]
+      else:
+        shortest = num_parts * self.config.num_prefix + jnp.min(
+            jnp.sum((flat_ids != num_parts).astype(jnp.int32), axis=1))
+        background_x, background_inter = segment(length - shortest, from_end=True)
+      x = jnp.where(foreground, x, background_x)
+      intermediates = [jnp.where(foreground, y, z) for y, z in zip(intermediates, background_inter)]
+    unsort = lambda y: block_sparse.gather_tokens(y, inverse)
+    return unsort(x), [unsort(y) for y in intermediates]
+
   def __call__(self, images: jnp.ndarray, part_ids: Optional[jnp.ndarray] = None,
                num_parts: Optional[int] = None, attention_bias: Optional[jnp.ndarray] = None,
                straight_through_bias: Optional[jnp.ndarray] = None,
-               return_intermediates: bool = False) -> Dict[str, Any]:
+               return_intermediates: bool = False,
+               drop_background: bool = False) -> Dict[str, Any]:
     """Plain or early-masked forward.
 
     Args:
@@ -338,6 +437,9 @@ class VisionTransformer(nn.Module):
         masks: every layer's forward uses the boolean block mask of `part_ids` exactly, and the
         backward pass takes this bias's gradient.
       return_intermediates: also return per-block tokens (before the final norm).
+      drop_background: inference with hard masks: skip the background group (its prefix copy
+        and patches, block_sparse.py). Foreground outputs are bit-identical to the full sorted
+        forward; the background's prefix tokens and patch tokens are returned as zeros.
 
     Returns:
       A dict with `prefix_tokens [B, P, D]` (plain) or `[B, (K+1) P, D]` (early), `patch_tokens
@@ -374,12 +476,20 @@ class VisionTransformer(nn.Module):
       group_ids = attention_masks.early_masking_group_ids(flat_ids, num_parts, cfg.num_prefix)
       if attention_bias is not None and straight_through_bias is not None:
         raise ValueError("Pass attention_bias (soft) or straight_through_bias (STE), not both.")
-      mask = attention_masks.block_attention_mask(group_ids) if attention_bias is None else None
-      tokens, intermediates = self.encode(
-          jnp.concatenate([prefix_copies, patches], 1), rope, mask=mask,
-          bias=attention_bias if straight_through_bias is None else straight_through_bias,
-          return_intermediates=return_intermediates,
-          straight_through=straight_through_bias is not None)
+      bias = attention_bias if straight_through_bias is None else straight_through_bias
+      if drop_background and bias is not None:
+        raise ValueError("drop_background is for hard masks at inference; soft and STE biases "
+                         "let the background reach the foreground's gradients or values.")
+      tokens = jnp.concatenate([prefix_copies, patches], 1)
+      if self.token_order == "natural" and not self.attention_tiles and not drop_background:
+        mask = attention_masks.block_attention_mask(group_ids) if attention_bias is None else None
+        tokens, intermediates = self.encode(
+            tokens, rope, mask=mask, bias=bias, return_intermediates=return_intermediates,
+            straight_through=straight_through_bias is not None)
+      else:
+        tokens, intermediates = self._encode_sorted(
+            tokens, rope, group_ids, flat_ids, num_parts, attention_bias, straight_through_bias,
+            drop_background, return_intermediates)
       num_prefix_tokens = groups * cfg.num_prefix
       out["prefix_tokens"] = tokens[:, :num_prefix_tokens]
       out["part_tokens"] = out["prefix_tokens"].reshape(batch, groups, cfg.num_prefix, cfg.width)
