@@ -5,12 +5,16 @@ The early-masked sequence `[prefix copy 0..K, patches]` (attention_masks.py) att
 groups only. Sorted by group (stable, so each group is its prefix copy followed by its patches in
 raster order) the mask becomes block diagonal with contiguous blocks, which pays twice:
 
-  * Background dropping (inference under hard / STE masks): the background group K sorts last, so
-    the foreground is the first `K P + N_fg` tokens. Cutting the sequence to any length at least
-    that long keeps every foreground token's inputs, and the block mask already keeps the
-    foreground from the background tokens that remain. The cut length is the smallest of a few
-    static capacity buckets that holds every image of the batch, chosen at run time by a switch
-    (one compiled program per bucket; only the chosen one runs).
+  * Foreground and background windows (hard masks): the background group K sorts last, so the
+    foreground is the first `K P + N_fg` tokens and the background the rest. The two are encoded
+    as separate windows, each cut to the smallest of a few static capacity buckets that holds it
+    for every image of the batch (picked at run time by a switch: one compiled program per
+    bucket, only the chosen one runs). The block mask keeps each window's stray tokens of the
+    other side out. This skips the attention between the two sides, and at inference the
+    background window can be skipped altogether ("drop_background"): the foreground window is
+    the same computation either way, so its outputs are bit-identical. (Cutting one sequence
+    shorter is not enough for that: a program's float results depend on its shapes, measured
+    on XLA:CPU for the qkv einsum and the attention.)
   * Tiled attention: query tile t (T consecutive tokens) can only see keys of the groups it
     touches, a contiguous range of the sorted sequence. Each tile attends to a key window of
     static width W starting there instead of to all L keys: L W instead of L^2 score and value

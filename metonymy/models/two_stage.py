@@ -143,13 +143,15 @@ class TwoStage:
     return {"stage1": self.stage1.init(rng1, images, frozen), "stage2": stage2}
 
   def apply(self, params, frozen, images: jnp.ndarray, *, train: bool,
-            rng: Optional[jax.Array] = None) -> Dict[str, Any]:
+            rng: Optional[jax.Array] = None, keep_background: bool = False) -> Dict[str, Any]:
     """Stage 1's outputs (maps, embeddings, ... see Stage1.apply), plus Stage 2's:
     stage2_part_features [B, K+1, D], stage2_part_scores [B, A, K], stage2_part_ids [B, h, w],
-    and logits {"stage1": [B, A], "stage2": [B, A]}."""
+    and logits {"stage1": [B, A], "stage2": [B, A]}. keep_background: compute the background
+    stream at inference too (Stage2.drop_background), for its features."""
     out = dict(self.stage1.apply(params["stage1"], frozen, images, train=train, rng=rng))
     probs = maps_to_patch_grid(out["maps"], self.backbone.patch_grid(images.shape))
-    second = self.stage2.apply({"params": params["stage2"]}, images, probs, train=train)
+    stage2 = self.stage2.clone(drop_background=False) if keep_background else self.stage2
+    second = stage2.apply({"params": params["stage2"]}, images, probs, train=train)
     out["logits"] = dict(out["logits"], stage2=second["logits"])
     out.update(stage2_part_features=second["part_features"],
                stage2_part_scores=second["part_scores"], stage2_part_ids=second["part_ids"])
@@ -159,8 +161,10 @@ class TwoStage:
     return self.stage1.part_maps(params["stage1"], frozen, images, train=train, rng=rng)
 
   def part_features(self, params, frozen, images) -> jnp.ndarray:
-    """Stage 2's per-part features [B, K+1, D] (deterministic Stage-1 maps), for the benchmark."""
-    return self.apply(params, frozen, images, train=False)["stage2_part_features"]
+    """Stage 2's per-part features [B, K+1, D] (deterministic Stage-1 maps), for the benchmark;
+    the background's too."""
+    return self.apply(params, frozen, images, train=False,
+                      keep_background=True)["stage2_part_features"]
 
   def param_groups(self, params):
     """Stage 1's groups; Stage 2's ViT is "backbone" (2e-6), its LayerNorm and head "heads"."""
