@@ -1,5 +1,7 @@
 """python -m metonymy.bench vit --model vit_b16 [--batch-size 8] [--image-size 224] [--num-parts 8]
-python -m metonymy.bench probe [--train 6000] [--test 5794] [--parts 8] [--dim 768] [--attributes 248]"""
+python -m metonymy.bench probe [--train 6000] [--test 5794] [--parts 8] [--dim 768] [--attributes 248]
+python -m metonymy.bench two_stage --model vit_b16 [--batch-size 8] [--depth 2]
+python -m metonymy.bench suite [--quick] [--model vit_s16 --depth 4 --batch-size 4] [--json PATH]"""
 
 import argparse
 import json
@@ -61,6 +63,41 @@ def main(argv=None) -> int:
   t.add_argument("--repeats", type=int, default=3)
   t.add_argument("--depth", type=int, default=None, help="fewer blocks, for quick runs")
   t.add_argument("--json", default=None, help="also write the results here")
+  s = sub.add_parser("suite", help="throughput, XLA FLOPs and memory of early masking, two-stage "
+                     "(Table S5), Flax vs PyTorch, data pipeline and attention scaling")
+  ints = lambda text: tuple(int(x) for x in text.split(",") if x)
+  floats = lambda text: tuple(float(x) for x in text.split(",") if x)
+  s.add_argument("--quick", action="store_true", help="tiny model, seconds (what the tests run)")
+  s.add_argument("--sections", type=lambda text: tuple(text.split(",")), default=None,
+                 help="comma list of early,two_stage,vit,data,attention (default all)")
+  s.add_argument("--model", default=None, help="default vit_s16")
+  s.add_argument("--depth", type=int, default=None, help="blocks (default 4; 0 = the preset's)")
+  s.add_argument("--batch-size", type=int, default=None, help="default 4")
+  s.add_argument("--image-size", type=int, default=None, help="default 224")
+  s.add_argument("--num-parts", type=ints, default=None, help="K list of the early section, "
+                 "default 1,4,8,16")
+  s.add_argument("--two-stage-parts", type=int, default=None,
+                 help="K of the two-stage model (default: the synthetic world's 5 parts)")
+  s.add_argument("--two-stage-masks", type=lambda text: tuple(text.split(",")), default=None,
+                 help="Stage-2 masks next to the single stage (default hard,ste)")
+  s.add_argument("--fg-fractions", type=floats, default=None, help="default 0.1,0.25,0.5,0.75,1")
+  s.add_argument("--attention-model", default=None, help="default --model")
+  s.add_argument("--attention-sizes", type=ints, default=None, help="default 224,384,512")
+  s.add_argument("--attention-parts", type=int, default=None, help="default 8")
+  s.add_argument("--attention-tiles", type=int, default=None, help="queries per tile (default 64)")
+  s.add_argument("--vit-parts", type=int, default=None, help="K of the Flax vs PyTorch section")
+  s.add_argument("--repeats", type=int, default=None, help="default 5")
+  s.add_argument("--no-train", dest="train", action="store_const", const=False, default=None,
+                 help="skip the two-stage training steps")
+  s.add_argument("--dtype", default=None, help="float32 (default) or bfloat16")
+  s.add_argument("--attention-impl", default=None, help="xla (default) or cudnn (GPUs, bfloat16)")
+  s.add_argument("--peak-tflops", type=float, default=None,
+                 help="peak TFLOP/s for MFU (default: by device kind; none on CPUs)")
+  s.add_argument("--no-torch", dest="torch", action="store_const", const=False, default=None)
+  s.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+  s.add_argument("--data-batches", type=int, default=None)
+  s.add_argument("--data-examples", type=int, default=None)
+  s.add_argument("--json", default=None, help="also write the results here")
   args = parser.parse_args(argv)
   if args.bench == "vit":
     from metonymy.bench import vit as vit_bench
@@ -80,6 +117,12 @@ def main(argv=None) -> int:
     results = two_stage_bench.run(args.model, args.batch_size, args.image_size, args.num_parts,
                                   repeats=args.repeats, depth=args.depth)
     print(two_stage_bench.format_table(results))
+  if args.bench == "suite":
+    from metonymy.bench import suite
+    overrides = {k: v for k, v in vars(args).items() if k not in ("bench", "quick", "json")}
+    options = suite.make_options(args.quick, **overrides)
+    results = suite.run(options)
+    print(suite.format_tables(results))
   if args.json:
     with open(args.json, "w") as f:
       json.dump(results, f, indent=2)

@@ -28,7 +28,9 @@ def _model(variant: str, config: vit.ViTConfig, num_parts: int, num_attributes: 
   if variant == "single":
     return stage1
   mask, _, scope = variant.partition("_")
-  stage2 = two_stage.Stage2(config, num_parts, num_attributes, mask=mask, ste_scope=scope or "layer")
+  # Dense Stage 2 at inference too: `python -m metonymy.bench suite` measures background dropping.
+  stage2 = two_stage.Stage2(config, num_parts, num_attributes, mask=mask, ste_scope=scope or "layer",
+                            drop_background=False)
   return two_stage.TwoStage(stage1, stage2)
 
 

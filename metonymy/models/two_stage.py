@@ -75,6 +75,7 @@ class Stage2(nn.Module):
   ste_scope: str = "layer"  # "layer" (per attention layer) or "stream" (whole-stream outputs).
   drop_background: bool = True
   attention_tiles: int = 0
+  attention_impl: Optional[str] = None  # jax.nn.dot_product_attention's; "cudnn" on GPUs.
   norm_eps: float = 1e-5
   dtype: Any = jnp.float32
 
@@ -91,6 +92,7 @@ class Stage2(nn.Module):
     if self.feature not in FEATURES:
       raise ValueError(f"stage2 feature must be one of {FEATURES}, got {self.feature!r}")
     model = vit.VisionTransformer(self.backbone, dtype=self.dtype,
+                                  attention_impl=self.attention_impl,
                                   attention_tiles=self.attention_tiles, name="backbone")
     grid = model.patch_grid(images.shape)
     part_ids = jnp.argmax(jax.lax.stop_gradient(part_probs), axis=-1).reshape((-1,) + grid)
