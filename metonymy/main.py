@@ -31,6 +31,10 @@ JOBS = {
     "train": "metonymy.train",  # Part discovery (Stage 1, two-stage) training.
     "demo": "metonymy.demo",  # The end-to-end story on the synthetic world.
 }
+# Jobs that run on one host: the leakage benchmark's probes and reports are single-host work
+# (the feature extraction uses that host's devices). Started as several processes they would
+# repeat the same work and race on the same files, so they refuse.
+SINGLE_PROCESS_JOBS = ("probe", "demo")
 
 
 def main(argv):
@@ -44,6 +48,12 @@ def main(argv):
   if config.job not in JOBS:
     raise app.UsageError(f"Unknown job {config.job!r}; known jobs: {sorted(JOBS)}.")
   distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  import jax  # After initialize(): asking for the process count starts the backend.
+  if config.job in SINGLE_PROCESS_JOBS and jax.process_count() > 1:
+    raise app.UsageError(
+        f"The {config.job!r} job runs on one host, but this is process {jax.process_index()} of "
+        f"{jax.process_count()}: start it as one process (not with launch/local.sh N > 1 or a "
+        f"multi-task SLURM job). Multi-host jobs: {sorted(set(JOBS) - set(SINGLE_PROCESS_JOBS))}.")
   workdir = _WORKDIR.value or os.path.join("workdirs", config.job)
   os.makedirs(workdir, exist_ok=True)
   if distributed.is_main_process():

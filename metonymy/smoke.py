@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from absl import logging
 
 from metonymy import config_lib
+from metonymy import distributed
 
 
 def run(config, workdir: str):
@@ -41,8 +42,9 @@ def run(config, workdir: str):
   leakage = float(jnp.max(jnp.abs(reference - changed)))
   result = {"backbone": vit_config.to_dict(), "image_size": size, "seconds": timings,
             "part0_max_abs_change_under_outside_noise": leakage}
-  with open(os.path.join(workdir, "smoke.json"), "w") as f:
-    json.dump(result, f, indent=2)
+  if distributed.is_main_process():
+    with open(os.path.join(workdir, "smoke.json"), "w") as f:
+      json.dump(result, f, indent=2)
   print(f"plain {timings['plain']:.3f}s, early {timings['early']:.3f}s; "
         f"part-0 change under noise outside part 0: {leakage} (must be 0.0)")
   if leakage != 0.0:

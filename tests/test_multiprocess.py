@@ -144,3 +144,23 @@ def test_two_processes_match_one_process_through_a_checkpoint(tmp_path):
     logged = [json.loads(line)["step"] for line in f if '"loss"' in line]
   # Each step once, step 4 twice: logged before the kill, replayed after the resume.
   assert sorted(logged) == [1, 2, 3, 4, 4, 5, 6], logged
+
+
+@pytest.mark.slow
+def test_single_host_jobs_refuse_several_processes(tmp_path):
+  port = _free_port()
+  procs = []
+  for i in range(2):
+    env = dict(os.environ, JAX_NUM_CPU_DEVICES="1", JAX_PLATFORMS="cpu",
+               METONYMY_COORDINATOR=f"127.0.0.1:{port}", METONYMY_NUM_PROCESSES="2",
+               METONYMY_PROCESS_ID=str(i))
+    env.pop("XLA_FLAGS", None)
+    procs.append(subprocess.Popen(
+        [sys.executable, "-m", "metonymy.main", "--config=configs/probe_synthetic.py:tiny",
+         f"--workdir={tmp_path}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True))
+  for i, proc in enumerate(procs):
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode != 0, f"process {i} ran the probe job"
+    assert "runs on one host" in err and f"process {i} of 2" in err, err[-2000:]
+  assert not os.path.exists(tmp_path / "results.json")
