@@ -28,7 +28,8 @@ def _apply(config, params, images, part_ids, **kwargs):
   """The jitted forward, compiled once per configuration (each has several switch branches)."""
   key = (config, tuple(sorted(kwargs.items())))
   if key not in _COMPILED:
-    options = {k: kwargs.pop(k) for k in ("token_order", "attention_tiles") if k in kwargs}
+    options = {k: kwargs.pop(k) for k in ("token_order", "attention_tiles", "split_background")
+               if k in kwargs}
     model = vit.VisionTransformer(config, capacity_buckets=(0.25, 0.5, 1.0), **options)
     _COMPILED[key] = jax.jit(lambda p, x, ids: model.apply(
         {"params": p}, x, part_ids=ids, num_parts=NUM_PARTS, **kwargs))
@@ -39,7 +40,8 @@ def _apply(config, params, images, part_ids, **kwargs):
 def test_sorted_layout_and_tiles_equal_the_natural_layout(name):
   model, params, images, part_ids = _setup(name)
   natural = _apply(model.config, params, images, part_ids)
-  for options in ({"token_order": "sorted"}, {"attention_tiles": 8}):
+  for options in ({"token_order": "sorted"}, {"attention_tiles": 8},
+                  {"token_order": "sorted", "split_background": True}):
     other = _apply(model.config, params, images, part_ids, **options)
     for key in ("part_tokens", "patch_tokens"):
       np.testing.assert_allclose(other[key], natural[key], rtol=1e-5, atol=1e-5,
@@ -53,7 +55,7 @@ def test_dropping_the_background_leaves_the_foreground_bit_identical(name, tiles
   for fraction in (0.1, 0.4, 1.0):  # small, middle and full capacity buckets
     part_ids = _foreground_ids(3, fraction)
     full = _apply(model.config, params, images, part_ids, token_order="sorted",
-                  attention_tiles=tiles)
+                  attention_tiles=tiles, split_background=True)
     dropped = _apply(model.config, params, images, part_ids, token_order="sorted",
                      attention_tiles=tiles, drop_background=True)
     np.testing.assert_array_equal(dropped["part_tokens"][:, :NUM_PARTS],

@@ -6,15 +6,15 @@ groups only. Sorted by group (stable, so each group is its prefix copy followed 
 raster order) the mask becomes block diagonal with contiguous blocks, which pays twice:
 
   * Foreground and background windows (hard masks): the background group K sorts last, so the
-    foreground is the first `K P + N_fg` tokens and the background the rest. The two are encoded
-    as separate windows, each cut to the smallest of a few static capacity buckets that holds it
-    for every image of the batch (picked at run time by a switch: one compiled program per
-    bucket, only the chosen one runs). The block mask keeps each window's stray tokens of the
-    other side out. This skips the attention between the two sides, and at inference the
-    background window can be skipped altogether ("drop_background"): the foreground window is
-    the same computation either way, so its outputs are bit-identical. (Cutting one sequence
-    shorter is not enough for that: a program's float results depend on its shapes, measured
-    on XLA:CPU for the qkv einsum and the attention.)
+    foreground is the first `K P + N_fg` tokens and the background the rest. A window is cut to
+    the smallest of a few static capacity buckets that holds it for every image of the batch
+    (picked at run time by a switch: one compiled program per bucket, only the chosen one
+    runs); the block mask keeps a window's stray tokens of the other side out. At inference,
+    `drop_background` encodes the foreground window alone. `split_background` encodes both
+    windows: the full forward whose foreground computation is exactly the dropped one, so the
+    two agree bit for bit. (Cutting one sequence shorter is not enough for that: a program's
+    float results depend on its shapes, measured on XLA:CPU for the qkv einsum and the
+    attention.) Without either, the sorted sequence is one window.
   * Tiled attention: query tile t (T consecutive tokens) can only see keys of the groups it
     touches, a contiguous range of the sorted sequence. Each tile attends to a key window of
     static width W starting there instead of to all L keys: L W instead of L^2 score and value

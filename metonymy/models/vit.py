@@ -227,8 +227,13 @@ class VisionTransformer(nn.Module):
       Outputs are returned in the natural layout either way.
     attention_tiles: > 0: with hard masks, attend tile by tile over the sorted sequence, skipping
       key tiles no query of the tile may see (implies "sorted"). 0: dense masked attention.
-    capacity_buckets: with drop_background, the sequence lengths (fractions of the full one) that
-      a batch's foreground is cut to; one compiled program each, the smallest that fits runs.
+    split_background: with hard masks in the sorted layout, encode the foreground and the
+      background as two windows, each cut to a capacity bucket (no attention work between them,
+      at the price of up to a bucket of padding each). The foreground window is exactly what
+      `drop_background=True` runs, so this is the full forward whose foreground outputs dropping
+      reproduces bit for bit. False: one window of the whole sorted sequence.
+    capacity_buckets: the window lengths (fractions of the full sequence) the foreground and
+      background windows are cut to; one compiled program each, the smallest that fits runs.
   """
   config: ViTConfig
   dtype: Any = jnp.float32
@@ -236,6 +241,7 @@ class VisionTransformer(nn.Module):
   pad_to_multiple: int = 1
   token_order: str = "natural"
   attention_tiles: int = 0
+  split_background: bool = False
   capacity_buckets: Tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
 
   def setup(self):
@@ -398,7 +404,8 @@ class VisionTransformer(nn.Module):
       return nn.switch(block_sparse.bucket_index(needed, sizes),
                        [run(size, from_end) for size in sizes], self, tokens, rope, groups)
 
-    if not isinstance(mask, block_sparse.SortedGroups):  # Soft / STE: one dense pass.
+    hard = isinstance(mask, block_sparse.SortedGroups)
+    if not hard or not (drop_background or self.split_background):  # One window.
       x, intermediates = run(length)(self, tokens, rope, groups)
     else:
       # Hard masks: the foreground (first K P + N_fg tokens) and the background (the rest) are
@@ -438,8 +445,8 @@ class VisionTransformer(nn.Module):
         backward pass takes this bias's gradient.
       return_intermediates: also return per-block tokens (before the final norm).
       drop_background: inference with hard masks: skip the background group (its prefix copy
-        and patches, block_sparse.py). Foreground outputs are bit-identical to the full sorted
-        forward; the background's prefix tokens and patch tokens are returned as zeros.
+        and patches, block_sparse.py). Foreground outputs are bit-identical to the
+        split_background forward's; the background's prefix and patch tokens come back as zeros.
 
     Returns:
       A dict with `prefix_tokens [B, P, D]` (plain) or `[B, (K+1) P, D]` (early), `patch_tokens
