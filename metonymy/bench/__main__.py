@@ -83,7 +83,7 @@ def main(argv=None) -> int:
   s.add_argument("--fg-fractions", type=floats, default=None, help="default 0.1,0.25,0.5,0.75,1")
   s.add_argument("--attention-model", default=None, help="default --model")
   s.add_argument("--attention-sizes", type=ints, default=None, help="default 224,384,512")
-  s.add_argument("--attention-parts", type=int, default=None, help="default 8")
+  s.add_argument("--attention-parts", type=ints, default=None, help="K list, default 4,8,16")
   s.add_argument("--attention-tiles", type=int, default=None, help="queries per tile (default 64)")
   s.add_argument("--vit-parts", type=int, default=None, help="K of the Flax vs PyTorch section")
   s.add_argument("--repeats", type=int, default=None, help="default 5")

@@ -82,7 +82,7 @@ class Options:
   fg_fractions: Tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 1.0)
   attention_model: Optional[str] = None  # None = model
   attention_sizes: Tuple[int, ...] = (224, 384, 512)
-  attention_parts: int = 8
+  attention_parts: Tuple[int, ...] = (4, 8, 16)
   attention_tiles: int = 64
   vit_parts: int = 8  # K of the Flax-vs-PyTorch section
   repeats: int = 5
@@ -100,7 +100,7 @@ class Options:
 
 # Seconds on 2 CPU cores: the tests' preset. Explicit flags still override it.
 QUICK = dict(model="vit_tiny_test", depth=1, batch_size=2, image_size=32, num_parts=(1, 4),
-             fg_fractions=(0.25, 1.0), attention_sizes=(32, 64), attention_parts=4,
+             fg_fractions=(0.25, 1.0), attention_sizes=(32, 64), attention_parts=(4,),
              attention_tiles=8, vit_parts=4, repeats=1, data_batches=2, data_examples=8)
 
 
@@ -549,12 +549,11 @@ ATTENTION_VARIANTS = ("plain", "dense", "sorted", "tiled")
 
 def attention_scaling(options: Options, peak: Optional[float],
                       notes: List[str]) -> Dict[str, Any]:
-  """Per resolution: plain forward, and the early-masked forward with dense masked attention in
-  the natural layout ("dense"), in the sorted layout ("sorted": token_order="sorted", foreground
-  and background encoded as separate windows) and tiled ("tiled": attention_tiles > 0). Part ids
-  are uniform over the K + 1 groups."""
+  """Per number of parts K and resolution: plain forward, and the early-masked forward with dense
+  masked attention in the natural layout ("dense"), in the sorted layout ("sorted":
+  token_order="sorted", one window, dense masked attention) and tiled ("tiled": attention_tiles
+  > 0). Part ids are uniform over the K + 1 groups."""
   name = options.attention_model or options.model
-  k = options.attention_parts
   base = _config(options, name)
   _, params = vit.init_params(base)  # Position tables are resized per resolution on the fly.
   rng = np.random.default_rng(options.seed)
@@ -563,25 +562,27 @@ def attention_scaling(options: Options, peak: Optional[float],
             "tiled": _backbone(base, options, token_order="sorted",
                                attention_tiles=options.attention_tiles)}
   variants = {}
+  cases = [(k, size) for k in options.attention_parts for size in options.attention_sizes]
   for size in options.attention_sizes:
     images = _images(rng, options.batch_size, size)
-    ids = jnp.asarray(rng.integers(0, k + 1, size=(options.batch_size,) + _grid(base, size)),
-                      jnp.int32)
-    for label, model in models.items():
-      if label == "plain":
-        variants[f"plain/{size}"] = Variant(
-            lambda p, x, model=model: _tokens(model.apply({"params": p}, x)), (params, images),
-            options.batch_size)
-      else:
-        variants[f"{label}/{size}"] = Variant(
-            lambda p, x, i, model=model: _tokens(model.apply({"params": p}, x, part_ids=i,
-                                                             num_parts=k)),
-            (params, images, ids), options.batch_size, (2,))
+    variants[f"plain/{size}"] = Variant(
+        lambda p, x, model=models["plain"]: _tokens(model.apply({"params": p}, x)),
+        (params, images), options.batch_size)
+    for k in options.attention_parts:
+      ids = jnp.asarray(rng.integers(0, k + 1, size=(options.batch_size,) + _grid(base, size)),
+                        jnp.int32)
+      for label, model in models.items():
+        if label != "plain":
+          variants[f"{label}/K{k}/{size}"] = Variant(
+              lambda p, x, i, model=model, k=k: _tokens(model.apply(
+                  {"params": p}, x, part_ids=i, num_parts=k)),
+              (params, images, ids), options.batch_size, (2,))
   measured = measure(variants, options.repeats, peak)
   rows = []
-  for size in options.attention_sizes:
-    row = {"image_size": size, **sequence_lengths(base, size, k)}
-    row.update({label: measured[f"{label}/{size}"] for label in models})
+  for k, size in cases:
+    row = {"image_size": size, "num_parts": k, **sequence_lengths(base, size, k)}
+    row.update({label: measured[f"plain/{size}" if label == "plain" else f"{label}/K{k}/{size}"]
+                for label in models})
     for label, reference in (("sorted", "dense"), ("tiled", "dense"), ("tiled", "sorted")):
       if label in row and reference in row:
         row[f"{label}_speedup_vs_{reference}"] = row[reference]["seconds"] / row[label]["seconds"]
@@ -590,8 +591,9 @@ def attention_scaling(options: Options, peak: Optional[float],
                                                   / row[reference]["gflops_per_image"])
     rows.append(row)
   _flag_control_flow("attention", measured, notes)
-  return {"model": name, "depth": base.depth, "batch_size": options.batch_size, "num_parts": k,
-          "attention_tiles": options.attention_tiles, "rows": rows}
+  return {"model": name, "depth": base.depth, "batch_size": options.batch_size,
+          "num_parts": list(options.attention_parts), "attention_tiles": options.attention_tiles,
+          "rows": rows}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -712,17 +714,17 @@ def format_early(r: Dict[str, Any]) -> List[str]:
 
 def format_attention(r: Dict[str, Any]) -> List[str]:
   labels = [l for l in ATTENTION_VARIANTS if l in r["rows"][0]]
-  lines = [f"Early-masked attention vs resolution: {r['model']} ({r['depth']} blocks), batch "
-           f"{r['batch_size']}, K={r['num_parts']} (uniform random groups), tiles of "
+  lines = [f"Early-masked attention vs K and resolution: {r['model']} ({r['depth']} blocks), "
+           f"batch {r['batch_size']}, uniform random groups, tiles of "
            f"{r['attention_tiles'] or 'n/a'} queries; img/s, GFLOPs/img and MiB of "
            + "/".join(labels) + "; tiled speed-up and FLOPs vs dense and vs sorted",
-           f"{'px':>5s} {'N':>5s} {'L':>5s} {'img/s':>23s} {'GFLOPs/img':>23s} {'MiB':>23s} "
+           f"{'K':>3s} {'px':>5s} {'N':>5s} {'L':>5s} {'img/s':>23s} {'GFLOPs/img':>23s} {'MiB':>23s} "
            f"{'speed-up d/s':>13s} {'FLOPs d/s':>10s}"]
   for row in r["rows"]:
     join = lambda key, spec: "/".join(_f(row[l][key], spec) for l in labels)
     pair = lambda key: "/".join(_f(row.get(f"tiled_{key}_vs_{ref}"), ".2f")
                                 for ref in ("dense", "sorted"))
-    lines.append(f"{row['image_size']:5d} {row['patches']:5d} {row['early']:5d} "
+    lines.append(f"{row['num_parts']:3d} {row['image_size']:5d} {row['patches']:5d} {row['early']:5d} "
                  f"{join('images_per_second', '.1f'):>23s} {join('gflops_per_image', '.3g'):>23s} "
                  f"{join('memory_mib', '.0f'):>23s} {pair('speedup'):>13s} {pair('flops'):>10s}")
   return lines
