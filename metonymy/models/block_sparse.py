@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from metonymy.models import attention
 from metonymy.models import attention_masks
 
 # Group id of padding tokens in the sorted layout: larger than any part, so padding sorts last
@@ -113,7 +114,7 @@ def tiled_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, group_ids: j
     q, k, v: [B, L, H, hd].
     group_ids: int32 [B, L], non-decreasing along each row; tokens attend within their group.
     tile: queries per tile.
-    implementation: for the dense fallback (`jax.nn.dot_product_attention`).
+    implementation: for the dense fallback (`attention.dot_product_attention`).
 
   Returns:
     [B, L, H, hd]; equal to dense masked attention up to float rounding.
@@ -123,7 +124,8 @@ def tiled_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, group_ids: j
   dense_mask = attention_masks.block_attention_mask(group_ids)
 
   def dense(q, k, v, group_ids):
-    return jax.nn.dot_product_attention(q, k, v, mask=dense_mask, implementation=implementation)
+    return attention.dot_product_attention(q, k, v, mask=dense_mask,
+                                           implementation=implementation)
 
   windows = window_sizes(length, tile)
   if not windows:

@@ -75,7 +75,7 @@ class Stage2(nn.Module):
   ste_scope: str = "layer"  # "layer" (per attention layer) or "stream" (whole-stream outputs).
   drop_background: bool = True
   attention_tiles: int = 0
-  attention_impl: Optional[str] = None  # jax.nn.dot_product_attention's; "cudnn" on GPUs.
+  attention_impl: Optional[str] = None  # VisionTransformer.attention_impl ("cudnn" on GPUs).
   norm_eps: float = 1e-5
   dtype: Any = jnp.float32
 
