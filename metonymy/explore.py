@@ -1,7 +1,7 @@
 """Looking inside a backbone: attention weights and late vs early part features
 (colabs/explore_attention_masks.ipynb uses these).
 
-The ViT (models/vit.py) calls jax.nn.dot_product_attention and never materializes its attention
+The ViT's attention (models/attention.py) returns the attended values, never its attention
 weights, so `attention_weights` recomputes one layer's softmax(q k^T / sqrt(d)) from that layer's
 parameters and its input (the previous block's output, from the forward's intermediates), under
 the same block-diagonal mask as the early forward. With `check=True` it also rebuilds the

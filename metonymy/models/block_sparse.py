@@ -145,12 +145,18 @@ def tiled_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, group_ids: j
     index = start[..., None] + jnp.arange(width, dtype=jnp.int32)     # [B, tiles, W]
     take = jax.vmap(lambda x, i: x[i])
     k_win, v_win, g_win = take(kp, index), take(vp, index), take(groups, index)
-    q_tiles = qp.reshape(batch, tiles, tile, heads, head_dim)
-    logits = jnp.einsum("bnthe,bnwhe->bnhtw", q_tiles, k_win) / np.sqrt(head_dim).astype(q.dtype)
+    # Head-major products and the softmax normalised after the value product, as in
+    # attention.xla_attention.
+    q_tiles = jnp.moveaxis(qp.reshape(batch, tiles, tile, heads, head_dim), 3, 2)  # [B,n,H,T,e]
+    k_win, v_win = (jnp.moveaxis(x, 3, 2) for x in (k_win, v_win))               # [B,n,H,W,e]
+    scale = np.float32(1.0 / np.sqrt(head_dim)).astype(q.dtype)
+    logits = jnp.matmul(q_tiles * scale, jnp.swapaxes(k_win, -1, -2)).astype(jnp.float32)
     allowed = groups.reshape(batch, tiles, tile)[..., :, None] == g_win[..., None, :]
-    logits = jnp.where(allowed[:, :, None], logits, jnp.finfo(logits.dtype).min)
-    weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(q.dtype)
-    out = jnp.einsum("bnhtw,bnwhe->bnthe", weights, v_win)
+    logits = jnp.where(allowed[:, :, None], logits, jnp.finfo(jnp.float32).min)
+    weights = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))         # [B,n,H,T,W]
+    out = jnp.matmul(weights.astype(q.dtype), v_win).astype(jnp.float32)
+    out = (out / jnp.sum(weights, axis=-1, keepdims=True)).astype(q.dtype)
+    out = jnp.moveaxis(out, 2, 3)                                                 # [B,n,T,H,e]
     return out.reshape(batch, padded, heads, head_dim)[:, :length]
 
   branches = [lambda *a, w=w: windowed(w, *a) for w in windows] + [dense]
