@@ -14,6 +14,9 @@ def backbone(preset: str = "vit_b16", checkpoint: str = "", image_size: int = 0,
     training workdir gives its trained Stage-2 ViT (so the leakage benchmark, with
     `masks.source="stage1"` on the same workdir, reads Stage 2's isolated part features).
   image_size: input resolution in pixels; 0 means the backbone's own default.
+  Training jobs also read `dtype` (compute dtype, e.g. "bfloat16" on accelerators) and
+  `attention_impl` ("" = models/attention.py's XLA kernel; "cudnn" for cuDNN's fused attention
+  on GPUs, with a 16-bit dtype).
   """
   return ml_collections.ConfigDict({
       "preset": preset,
@@ -21,6 +24,7 @@ def backbone(preset: str = "vit_b16", checkpoint: str = "", image_size: int = 0,
       "family": family,
       "image_size": image_size,
       "dtype": "float32",
+      "attention_impl": "",
   })
 
 

@@ -184,5 +184,6 @@ def build(config, num_attributes: int) -> Tuple[TwoStage, Any]:
                   ste_scope=config.model.stage2.get("ste_scope", "layer"),
                   drop_background=config.model.stage2.get("drop_background", True),
                   attention_tiles=config.model.stage2.get("attention_tiles", 0),
+                  attention_impl=config.backbone.get("attention_impl") or None,
                   dtype=jnp.dtype(config.backbone.dtype))
   return TwoStage(stage1, stage2), frozen
