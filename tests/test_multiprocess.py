@@ -1,9 +1,10 @@
 """Two processes on localhost (JAX's distributed runtime, gloo CPU collectives) reproduce the
 single-process run: the same global batches, the same training steps, and a checkpoint written by
-both processes that both resume from."""
+both processes that both resume from (and that one process resumes from too)."""
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -116,8 +117,13 @@ def test_two_processes_match_one_process_through_a_checkpoint(tmp_path):
   # process's data position) and replays step 4.
   first_out = _launch(multi, 2, STEPS, checkpoint_every=STEPS // 2, stop_at_batch=STEPS // 2 + 2)
   assert "on 2 device(s)" in first_out and "KILLED" in first_out
+  # A copy of the killed run resumes on ONE process: the data position comes from the step.
+  shrunk = str(tmp_path / "shrunk")
+  shutil.copytree(multi, shrunk)
   second_out = _launch(multi, 2, STEPS, checkpoint_every=STEPS // 2)
   assert f"Resumed from step {STEPS // 2}" in second_out
+  shrunk_out = _launch(shrunk, 1, STEPS, checkpoint_every=STEPS // 2)
+  assert f"Resumed from step {STEPS // 2}" in shrunk_out and "on 1 device(s)" in shrunk_out
 
   # The global batch: 4 + 4 examples from two processes are the single process's 8, in order.
   assert _digests(first_out) == _digests(single_out)
@@ -126,10 +132,13 @@ def test_two_processes_match_one_process_through_a_checkpoint(tmp_path):
   # The train step and the checkpoint round trip: the same trajectory. Two devices reduce the
   # batch in another order than one, so values agree to float32 rounding (the 8-device test
   # measures < 5e-6 relative).
-  expected, got = _losses(single), _losses(multi)
-  assert sorted(got) == sorted(expected) == list(range(1, STEPS + 1))
-  np.testing.assert_allclose([got[s] for s in range(1, STEPS + 1)],
-                             [expected[s] for s in range(1, STEPS + 1)], rtol=2e-5)
+  expected = _losses(single)
+  for name, workdir in (("two processes", multi), ("two, then one process", shrunk)):
+    got = _losses(workdir)
+    assert sorted(got) == sorted(expected) == list(range(1, STEPS + 1)), name
+    np.testing.assert_allclose([got[s] for s in range(1, STEPS + 1)],
+                               [expected[s] for s in range(1, STEPS + 1)], rtol=2e-5,
+                               err_msg=name)
   from tests import test_train
   params_multi, params_single = test_train._params(multi), test_train._params(single)
   import jax

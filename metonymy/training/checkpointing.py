@@ -10,6 +10,11 @@ Items of one checkpoint:
 
 Saving is asynchronous; a checkpoint only counts once Orbax finalized it, so a run killed during
 a save resumes from the previous one.
+
+Arrays restore onto whatever mesh the resuming run has (another device count, another FSDP
+split). The data position is saved per process; resumed with another number of processes, the
+position comes from the step instead: the training stream is the same for any process count
+(data/pipeline.py), and every process's iterator has consumed exactly one batch per step.
 """
 
 import os
@@ -48,14 +53,32 @@ def save(mngr: ocp.CheckpointManager, state, data_iterator) -> None:
       data=grain.checkpoint.CheckpointSave(data_iterator)))
 
 
+def _data_saved_by_this_process(mngr: ocp.CheckpointManager, step: int) -> bool:
+  """Whether `step`'s data item holds this process's iterator state (Grain's per-process file)."""
+  name = f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+  return os.path.exists(os.path.join(str(mngr.directory), str(step), "data", name))
+
+
 def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, data_iterator):
   """The train state saved at `step`, laid out like `abstract_state` (ShapeDtypeStructs with
   shardings); `data_iterator` is moved to the saved position in place."""
-  restored = mngr.restore(step, args=ocp.args.Composite(
+  items = dict(
       params=ocp.args.StandardRestore(abstract_state.params),
       opt_state=ocp.args.StandardRestore(abstract_state.opt_state),
-      progress=ocp.args.StandardRestore({"step": abstract_state.step, "rng": abstract_state.rng}),
-      data=grain.checkpoint.CheckpointRestore(data_iterator)))
+      progress=ocp.args.StandardRestore({"step": abstract_state.step, "rng": abstract_state.rng}))
+  same_processes = _data_saved_by_this_process(mngr, step)
+  if same_processes:
+    items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+  restored = mngr.restore(step, args=ocp.args.Composite(**items))
+  if not same_processes:  # Written by another number of processes: position from the step.
+    state = data_iterator.get_state()
+    if set(state) != {"next_index"}:
+      raise ValueError(
+          f"Checkpoint step {step} in {mngr.directory} was written by another number of "
+          f"processes than this run's {jax.process_count()}, and this data iterator's state "
+          f"({sorted(state)}) cannot be set from the step alone. Resume with the original "
+          f"number of processes, or with config.data.worker_count=0.")
+    data_iterator.set_state({"next_index": int(step)})
   progress = restored["progress"]
   return abstract_state.replace(step=progress["step"], rng=progress["rng"],
                                 params=restored["params"], opt_state=restored["opt_state"])
