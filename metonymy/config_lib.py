@@ -29,7 +29,16 @@ def backbone(preset: str = "vit_b16", checkpoint: str = "", image_size: int = 0,
 
 
 def build_backbone(config: ml_collections.ConfigDict, seed: int = 0):
-  """(model, params, vit_config) for a `backbone()` config block."""
+  """(model, params, vit_config) for a `backbone()` config block; the model computes in
+  `config.dtype` with `config.attention_impl`."""
+  model, params, vit_config = _load_backbone(config, seed)
+  import jax.numpy as jnp
+  model = model.clone(dtype=jnp.dtype(config.get("dtype") or "float32"),
+                      attention_impl=config.get("attention_impl") or None)
+  return model, params, vit_config
+
+
+def _load_backbone(config: ml_collections.ConfigDict, seed: int):
   import jax  # Imported here so configs stay importable without touching a JAX backend.
   import os
   from metonymy import checkpoints

@@ -44,3 +44,7 @@ def test_training_configs_choose_the_attention_implementation():
   assert model.backbone.attention_impl == "xla" and model.stage2.attention_impl == "xla"
   single, _ = stage1.build(config, num_attributes=4)
   assert single.backbone.attention_impl == "xla"
+  # The leakage benchmark's and the smoke job's backbone too.
+  config.backbone.dtype = "bfloat16"
+  model, _, _ = config_lib.build_backbone(config.backbone)
+  assert model.attention_impl == "xla" and model.dtype == jnp.bfloat16

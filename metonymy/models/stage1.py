@@ -170,9 +170,7 @@ class Stage1:
 def build(config, num_attributes: int) -> Tuple[Stage1, Any]:
   """(model, frozen backbone parameters) for a config with `backbone` and `model` blocks."""
   from metonymy import config_lib  # Avoids a models <-> config_lib import cycle.
-  _, frozen, vit_config = config_lib.build_backbone(config.backbone, config.seed)
-  backbone = vit.VisionTransformer(vit_config, dtype=jnp.dtype(config.backbone.dtype),
-                                   attention_impl=config.backbone.get("attention_impl") or None)
+  backbone, frozen, _ = config_lib.build_backbone(config.backbone, config.seed)
   head = Stage1Head(num_parts=config.model.num_parts, num_attributes=num_attributes,
                     temperature=config.model.temperature)
   return Stage1(backbone, head), frozen
