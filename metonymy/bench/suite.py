@@ -42,10 +42,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from metonymy import losses
 from metonymy.bench import two_stage as two_stage_bench
 from metonymy.bench import vit as vit_bench
-from metonymy.models import two_stage
 from metonymy.models import vit
 
 SECTIONS = ("early", "two_stage", "vit", "data", "attention")
@@ -420,7 +418,7 @@ def two_stage_costs(options: Options, peak: Optional[float],
   builds = [("single", "single", {})]
   for mask in options.two_stage_masks:
     variant = "ste_layer" if mask == "ste" else mask
-    builds.append((mask, variant, {"drop_background": False}))  # Stage 2's default is True.
+    builds.append((mask, variant, {"drop_background": False}))
     builds.append((f"{mask}_drop_bg", variant, {"drop_background": True}))
   for name, variant, extra in builds:
     models[name] = _stage_model(variant, config, k, num_attributes, options, **extra)
@@ -443,12 +441,7 @@ def two_stage_costs(options: Options, peak: Optional[float],
     return fn
 
   def train_step(name):
-    model = models[name]
-
-    def loss(p, f, x):
-      out = model.apply(p, f, x, train=True, rng=jax.random.PRNGKey(2))
-      return sum(losses.attribute_bce(l, labels, valid) for l in out["logits"].values())
-    return jax.grad(loss)
+    return jax.grad(two_stage_bench.attribute_loss(models[name], labels, valid))
 
   gt_probs = _one_hot_probs(gt_ids, k)
   infer = {name: inference(name) for name in models}

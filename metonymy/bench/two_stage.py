@@ -34,6 +34,15 @@ def _model(variant: str, config: vit.ViTConfig, num_parts: int, num_attributes: 
   return two_stage.TwoStage(stage1, stage2)
 
 
+def attribute_loss(model, labels, valid):
+  """`loss(params, frozen, images)`: the attribute losses of every logits head, with the
+  training-mode forward (Gumbel noise, STE's soft path): what a training step differentiates."""
+  def loss(params, frozen, images):
+    out = model.apply(params, frozen, images, train=True, rng=jax.random.PRNGKey(2))
+    return sum(losses.attribute_bce(l, labels, valid) for l in out["logits"].values())
+  return loss
+
+
 def run(model_name: str = "vit_b16", batch_size: int = 8, image_size: int = 224,
         num_parts: int = 8, num_attributes: int = 32, repeats: int = 3,
         depth: Optional[int] = None) -> Dict[str, object]:
@@ -50,13 +59,9 @@ def run(model_name: str = "vit_b16", batch_size: int = 8, image_size: int = 224,
     model = _model(variant, config, num_parts, num_attributes)
     params = model.init(jax.random.PRNGKey(1), images, frozen)
 
-    def loss(params, frozen, images, model=model):
-      out = model.apply(params, frozen, images, train=True, rng=jax.random.PRNGKey(2))
-      return sum(losses.attribute_bce(l, labels, valid) for l in out["logits"].values())
-
     # Everything is an argument: closed-over weights or images would be constant-folded.
     infer = jax.jit(lambda p, f, x, model=model: model.apply(p, f, x, train=False)["logits"])
-    grad = jax.jit(jax.grad(loss))
+    grad = jax.jit(jax.grad(attribute_loss(model, labels, valid)))
     fns[f"{variant}/inference"] = (infer, params)
     fns[f"{variant}/train_step"] = (grad, params)
   for fn, params in fns.values():  # Compile.

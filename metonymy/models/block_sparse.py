@@ -85,6 +85,12 @@ def foreground_length(part_ids: jnp.ndarray, num_parts: int, num_prefix: int) ->
   return num_parts * num_prefix + jnp.max(patches)
 
 
+def background_length(part_ids: jnp.ndarray, num_parts: int, num_prefix: int) -> jnp.ndarray:
+  """int32 []: the longest background (its prefix copy + background patches) in the batch."""
+  patches = jnp.sum((part_ids == num_parts).astype(jnp.int32), axis=1)
+  return num_prefix + jnp.max(patches)
+
+
 def _group_spans(group_ids: jnp.ndarray) -> Tuple[jnp.ndarray, jnp.ndarray]:
   """For sorted group ids [B, L]: the first position of each token's group and one past its
   last, both int32 [B, L]."""
@@ -121,11 +127,11 @@ def tiled_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, group_ids: j
   """
   batch, length, heads, head_dim = q.shape
   padded = int(math.ceil(length / tile)) * tile
-  dense_mask = attention_masks.block_attention_mask(group_ids)
 
-  def dense(q, k, v, group_ids):
-    return attention.dot_product_attention(q, k, v, mask=dense_mask,
-                                           implementation=implementation)
+  def dense(q, k, v, group_ids):  # Inside the branch: the [L, L] mask only when it runs.
+    return attention.dot_product_attention(
+        q, k, v, mask=attention_masks.block_attention_mask(group_ids),
+        implementation=implementation)
 
   windows = window_sizes(length, tile)
   if not windows:

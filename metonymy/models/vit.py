@@ -426,9 +426,9 @@ class VisionTransformer(nn.Module):
       if drop_background:
         background_x, background_inter = jnp.zeros_like(x), [jnp.zeros_like(y) for y in intermediates]
       else:
-        shortest = num_parts * self.config.num_prefix + jnp.min(
-            jnp.sum((flat_ids != num_parts).astype(jnp.int32), axis=1))
-        background_x, background_inter = segment(length - shortest, from_end=True)
+        background_x, background_inter = segment(
+            block_sparse.background_length(flat_ids, num_parts, self.config.num_prefix),
+            from_end=True)
       x = jnp.where(foreground, x, background_x)
       intermediates = [jnp.where(foreground, y, z) for y, z in zip(intermediates, background_inter)]
     unsort = lambda y: block_sparse.gather_tokens(y, inverse)
