@@ -171,7 +171,7 @@ def make_celeba(tmp: Path, *, layout: str = "official", n_images: int = 30,
       + "\n".join(_aligned([(f, list(a)) for f, a in zip(files, attrs)])) + "\n")
   w, h = image_size
   lm = np.stack([rng.integers(1, w - 1, (n_images, 5)), rng.integers(1, h - 1, (n_images, 5))], -1)
-  lm[-1, 2] = (w + 7, h + 3)  # One nose outside the image: that merged keypoint is invisible.
+  lm[-1, 2] = (w + 7, h + 3)  # One nose outside the image: that keypoint is invisible.
   (anno / "list_landmarks_align_celeba.txt").write_text(
       f"{n_images}\n" + " ".join(groupings.CELEBA_LANDMARK_COLUMNS) + "\n"
       + "\n".join(_aligned([(f, list(v.reshape(-1))) for f, v in zip(files, lm)], 4)) + "\n")

@@ -34,14 +34,63 @@ def test_cub_table_s9_counts():
   assert len(real - set(groupings.CUB_ATTRIBUTES)) == 64
 
 
-def test_cub_keypoint_merge_table_s7():
-  members = [m for g in groupings.CUB_KEYPOINT_GROUPS for m in groupings.CUB_KEYPOINT_MERGE[g]]
-  assert sorted(members) == sorted(groupings.CUB_KEYPOINTS)  # Each of the 15 used exactly once.
-  assert len(groupings.CUB_KEYPOINT_MERGE["head"]) == 7  # beak, crown, 2 eyes, forehead, ...
-  assert groupings.CUB_KEYPOINT_GROUPS == groupings.CUB_PARTS
+# Table S7 written out by hand (not read from groupings): CUB's 15 parts in parts.txt order, each
+# with the group whose label it takes; CelebA's keypoints (the mouth is the corners' mean).
+CUB_PARTS_TXT_BY_HAND = ("back", "beak", "belly", "breast", "crown", "forehead", "left eye",
+                         "left leg", "left wing", "nape", "right eye", "right leg", "right wing",
+                         "tail", "throat")
+CUB_GROUP_BY_HAND = {
+    "back": "back", "belly": "belly", "breast": "breast", "tail": "tail",
+    "beak": "head", "crown": "head", "forehead": "head", "left eye": "head", "right eye": "head",
+    "nape": "head", "throat": "head",
+    "left leg": "leg", "right leg": "leg",
+    "left wing": "wing", "right wing": "wing",
+}
+CELEBA_GROUP_BY_HAND = (("left eye", "eye"), ("right eye", "eye"), ("nose", "nose"),
+                        ("mouth", "mouth"))
+
+
+def _group_names(info):
+  return [info.keypoint_groups[g] for g in info.keypoint_group_ids]
+
+
+def test_cub_keypoint_groups_table_s7():
+  info = cub.dataset_info()
+  assert groupings.CUB_KEYPOINTS == CUB_PARTS_TXT_BY_HAND
+  assert sorted(info.keypoint_groups) == sorted(set(CUB_GROUP_BY_HAND.values()))  # 7 groups
+  assert len(info.keypoint_groups) == 7
+  assert _group_names(info) == [CUB_GROUP_BY_HAND[name] for name in CUB_PARTS_TXT_BY_HAND]
+  assert info.keypoint_groups == groupings.CUB_PARTS  # The groups are the attribute parts.
   for a, b in groupings.CUB_KEYPOINT_FLIP_PAIRS:
     left, right = groupings.CUB_KEYPOINTS[a], groupings.CUB_KEYPOINTS[b]
     assert left.replace("left", "right") == right
+    assert CUB_GROUP_BY_HAND[left] == CUB_GROUP_BY_HAND[right]  # A flip never changes a label.
+
+
+def test_celeba_keypoint_groups_table_s7():
+  info = celeba.dataset_info()
+  assert info.keypoint_groups == ("eye", "nose", "mouth")
+  assert groupings.CELEBA_KEYPOINTS == tuple(name for name, _ in CELEBA_GROUP_BY_HAND)
+  assert _group_names(info) == [group for _, group in CELEBA_GROUP_BY_HAND]
+  # The official landmark order, and the one averaging Table S7 does.
+  lm = np.arange(10, dtype=np.float32).reshape(5, 2)  # left eye, right eye, nose, l/r mouth
+  np.testing.assert_allclose(celeba.landmarks_to_keypoints(lm),
+                             [[0, 1], [2, 3], [4, 5], [7, 8]])
+
+
+def test_keypoint_group_ids_rejects_a_bad_table():
+  with pytest.raises(ValueError, match="without a group"):
+    groupings.keypoint_group_ids({"a": ("x",)}, ("a",), ("x", "y"))
+  with pytest.raises(ValueError, match="in groups"):
+    groupings.keypoint_group_ids({"a": ("x",), "b": ("x",)}, ("a", "b"), ("x",))
+  with pytest.raises(ValueError, match="no keypoint"):
+    groupings.keypoint_group_ids({"a": ("x",), "b": ()}, ("a", "b"), ("x",))
+  # DatasetInfo: one keypoint per group unless told otherwise; every group needs a keypoint.
+  info = base.DatasetInfo("d", ("x",), ("p",), (0,), keypoint_groups=("p", "q"))
+  assert info.keypoint_group_ids == (0, 1)
+  with pytest.raises(ValueError, match="keypoint_group_ids"):
+    base.DatasetInfo("d", ("x",), ("p",), (0,), keypoint_groups=("p", "q"),
+                     keypoint_group_ids=(0, 0))
 
 
 def test_celeba_table_s8_counts():
@@ -52,7 +101,6 @@ def test_celeba_table_s8_counts():
   raw = set(groupings.CELEBA_RAW_ATTRIBUTES)
   assert len(raw) == 40 and set(groupings.CELEBA_ATTRIBUTES) <= raw
   assert raw - set(groupings.CELEBA_ATTRIBUTES) == set(groupings.CELEBA_EXCLUDED)
-  assert groupings.CELEBA_KEYPOINT_GROUPS == ("eye", "nose", "mouth")
 
 
 def test_chexpert_tasks():
@@ -65,14 +113,6 @@ def test_chexpert_tasks():
   assert info.mask_tasks == info.attribute_names == groupings.CHEXPERT_TASKS
 
 
-def test_merge_keypoints_mean_of_visible():
-  xy = np.array([[[0, 0], [2, 4], [10, 10]]], np.float32)
-  vis = np.array([[True, True, False]])
-  out, ov = groupings.merge_keypoints(xy, vis, ((0, 1), (2,), (0, 2)))
-  np.testing.assert_allclose(out[0], [[1, 2], [0, 0], [0, 0]])
-  assert ov[0].tolist() == [True, False, True]
-
-
 # ------------------------------------------------------------------------------------------------
 # CUB
 
@@ -80,17 +120,6 @@ def test_merge_keypoints_mean_of_visible():
 @pytest.fixture(scope="module")
 def cub_data(tmp_path_factory):
   return fx.make_cub(tmp_path_factory.mktemp("cub"))
-
-
-def _cub_expected_keypoints(data, n):
-  out, vis = np.zeros((7, 2)), np.zeros(7, bool)
-  for g, group in enumerate(groupings.CUB_KEYPOINT_GROUPS):
-    pts = [data.keypoints[n, groupings.CUB_KEYPOINTS.index(m)]
-           for m in groupings.CUB_KEYPOINT_MERGE[group]
-           if data.visible[n, groupings.CUB_KEYPOINTS.index(m)]]
-    if pts:
-      out[g], vis[g] = np.mean(pts, 0), True
-  return out, vis
 
 
 @pytest.mark.parametrize("split", cub.SPLITS)
@@ -109,25 +138,65 @@ def test_cub_source(cub_data, split):
     assert ex["index"] == i
     np.testing.assert_array_equal(ex["attributes"], cub_data.present[n, cols])
     assert ex["attribute_valid"].all()
-    kp, vis = _cub_expected_keypoints(cub_data, n)
-    np.testing.assert_allclose(ex["keypoints"], kp, atol=1e-5)
-    np.testing.assert_array_equal(ex["keypoint_visible"], vis)
+    # Every part.txt point as the file has it (the fixture writes them in parts.txt order).
+    np.testing.assert_allclose(ex["keypoints"], cub_data.keypoints[n], atol=1e-5)
+    np.testing.assert_array_equal(ex["keypoint_visible"], cub_data.visible[n])
   with pytest.raises(IndexError):
     src[len(src)]
 
 
-def test_cub_keypoints_no_visible_and_all_visible(cub_data):
+def _cub_example(data, image_id):
   for split in cub.SPLITS:
-    src = cub.make_source(cub_data.root, split)
-    for i, image_id in enumerate(src.image_ids):
-      if image_id == 1:  # No part visible -> every group invisible at (0, 0).
-        ex = src[i]
-        assert not ex["keypoint_visible"].any() and not ex["keypoints"].any()
-      if image_id == 2:  # All visible -> head = mean of its 7 members.
-        ex = src[i]
-        head = [cub_data.keypoints[1, groupings.CUB_KEYPOINTS.index(m)]
-                for m in groupings.CUB_KEYPOINT_MERGE["head"]]
-        np.testing.assert_allclose(ex["keypoints"][3], np.mean(head, 0), atol=1e-5)
+    src = cub.make_source(data.root, split)
+    if image_id in src.image_ids:
+      return src[int(np.flatnonzero(src.image_ids == image_id)[0])], src.info
+  raise KeyError(image_id)
+
+
+def test_cub_keypoints_keep_their_own_locations_and_take_the_group_label(cub_data):
+  # Image 1: no part visible. Image 2: all 15 visible.
+  ex, _ = _cub_example(cub_data, 1)
+  assert ex["keypoints"].shape == (15, 2) and not ex["keypoint_visible"].any()
+  ex, info = _cub_example(cub_data, 2)
+  assert ex["keypoint_visible"].all()
+  groups = _group_names(info)
+  column = {name: CUB_PARTS_TXT_BY_HAND.index(name) for name in CUB_PARTS_TXT_BY_HAND}
+  # The fixture's part_locs.txt line "2 <part id> x y 1" for each part.
+  file_xy = {name: cub_data.keypoints[1, k] for k, name in enumerate(CUB_PARTS_TXT_BY_HAND)}
+  for pair, group in ((("left wing", "right wing"), "wing"), (("left leg", "right leg"), "leg")):
+    a, b = (column[name] for name in pair)
+    assert not np.allclose(file_xy[pair[0]], file_xy[pair[1]])  # Two distinct points ...
+    np.testing.assert_allclose(ex["keypoints"][[a, b]], [file_xy[pair[0]], file_xy[pair[1]]])
+    assert groups[a] == groups[b] == group  # ... with one label, not averaged into one point.
+  head = [column[name] for name, group in CUB_GROUP_BY_HAND.items() if group == "head"]
+  assert len(head) == 7 and {groups[k] for k in head} == {"head"}
+  np.testing.assert_allclose(ex["keypoints"], np.stack(list(file_xy.values())))
+
+
+def test_cub_keypoints_through_transforms_and_batching(cub_data):
+  from metonymy.data import pipeline
+  from metonymy.data import transforms as T
+  src = cub.make_source(cub_data.root, "train")
+  rows = np.flatnonzero(cub_data.is_train)
+  w, h = cub_data.image_size  # 32 x 24
+  # Twice the size, then the central 32 x 24: x' = 2 x - 16, y' = 2 y - 12.
+  zoom = T.Compose([T.Resize((2 * h, 2 * w)), T.CenterCrop((h, w))])
+  batch = next(iter(pipeline.make_pipeline(src, batch_size=4, train=False, transforms=zoom,
+                                           shard_index=0, shard_count=1)))
+  assert batch["keypoints"].shape == (4, 15, 2) and batch["keypoint_visible"].shape == (4, 15)
+  for b, n in enumerate(rows[:4]):
+    moved = cub_data.keypoints[n] * 2 - [w / 2, h / 2]
+    inside = (moved >= 0).all(-1) & (moved < [w, h]).all(-1)
+    visible = cub_data.visible[n] & inside
+    np.testing.assert_array_equal(batch["keypoint_visible"][b], visible)
+    np.testing.assert_allclose(batch["keypoints"][b][visible], moved[visible], atol=1e-4)
+  # A flip mirrors every point; the wings swap columns and keep their one label.
+  ex, info = _cub_example(cub_data, 2)
+  flipped = T.hflip(ex, groupings.CUB_KEYPOINT_FLIP_PAIRS)
+  left, right = CUB_PARTS_TXT_BY_HAND.index("left wing"), CUB_PARTS_TXT_BY_HAND.index("right wing")
+  x, y = ex["keypoints"][right]
+  np.testing.assert_allclose(flipped["keypoints"][left], [w - x, y])
+  assert _group_names(info)[left] == _group_names(info)[right] == "wing"
 
 
 def test_cub_roots_and_attributes_inside(cub_data, tmp_path):
@@ -242,15 +311,16 @@ def test_celeba_splits_attributes_keypoints(celeba_data):
       assert ex["image"].shape == (h, w, 3)
       np.testing.assert_array_equal(ex["attributes"], celeba_data.attrs[n, raw_col] > 0)
       assert ex["attributes"].shape == (32,) and ex["attribute_valid"].all()
-      lm = celeba_data.landmarks[n]
-      expected = np.stack([(lm[0] + lm[1]) / 2, lm[2], (lm[3] + lm[4]) / 2])
+      lm = celeba_data.landmarks[n]  # left eye, right eye, nose, left mouth, right mouth
+      # Both eyes stay two points (labelled eye); only the mouth corners are averaged.
+      expected = np.stack([lm[0], lm[1], lm[2], (lm[3] + lm[4]) / 2])
       np.testing.assert_allclose(ex["keypoints"], expected)
       inside = ((expected >= 0) & (expected < [w, h])).all(-1)
       np.testing.assert_array_equal(ex["keypoint_visible"], inside)
       assert ex["label"] == celeba_data.identity[n] - 1
   assert sizes == {"train": 18, "val": 6, "test": 6}
   last = celeba.make_source(celeba_data.root, "test")[-1]
-  assert last["keypoint_visible"].tolist() == [True, False, True]  # The nose is off the image.
+  assert last["keypoint_visible"].tolist() == [True, True, False, True]  # Nose off the image.
   report = celeba.check(celeba_data.root, verify_images=-1)
   assert report.splits == sizes and report.num_attributes == 32
   assert report.attribute_groups == groupings.CELEBA_PART_COUNTS

@@ -104,6 +104,20 @@ def test_contingency_and_threshold_assignment_hand_computed():
     part_metrics.contingency(np.array([[3]]), num_parts=2)
 
 
+def test_contingency_counts_every_keypoint_of_a_group():
+  # Keypoints: left wing, right wing (group 0), left leg, right leg (group 1); 2 parts, bg 2.
+  keypoint_group = [0, 0, 1, 1]
+  keypoint_part = np.array([[0, 0, 1, 1],
+                            [0, 1, 1, -1]])
+  # Wing: 4 points, 3 on part 0, 1 on part 1; leg: 3 visible points, all on part 1.
+  c = part_metrics.contingency(keypoint_part, num_parts=2, keypoint_group=keypoint_group)
+  np.testing.assert_allclose(c, [[3 / 4, 0], [1 / 4, 1], [0, 0]])
+  with pytest.raises(ValueError, match="group of 3 keypoints"):
+    part_metrics.contingency(keypoint_part, num_parts=2, keypoint_group=[0, 0, 1])
+  with pytest.raises(ValueError, match="every group id"):
+    part_metrics.contingency(keypoint_part, num_parts=2, keypoint_group=[0, 0, 2, 2])
+
+
 def test_manual_assignment():
   a = part_metrics.assign_manually({"head": [0, 2], "legs": [1]}, ["head", "legs", "tail"], 3)
   np.testing.assert_array_equal(a, [[1, 0, 0], [0, 1, 0], [1, 0, 0]])
@@ -197,6 +211,46 @@ def test_keypoint_nmi_ari_with_and_without_background():
   soft = part_metrics.keypoint_nmi_ari(kp, groups, include_background=False,
                                        keypoint_part_foreground=kp_fg)
   assert soft["num_points"] == visible.sum()
+
+
+def test_keypoint_nmi_ari_two_points_per_group_hand_computed():
+  # Two groups of two keypoints each (wing: left + right, leg: left + right), K = 2 parts.
+  keypoint_group = [0, 0, 1, 1]
+  # Each group has one point on each part: the parts say nothing about the group.
+  # n = [[1, 1], [1, 1]]: MI = 0 -> NMI = 0. Pairs: N = 4, sum C(n_ij, 2) = 0,
+  # A = B = 2 C(2, 2) = 2, E = A B / C(4, 2) = 2/3, ARI = (0 - 2/3) / ((2 + 2) / 2 - 2/3) = -1/2.
+  r = part_metrics.keypoint_nmi_ari(np.array([[0, 1, 0, 1]]), 2, keypoint_group=keypoint_group)
+  assert r["nmi"] == pytest.approx(0.0, abs=1e-9) and r["ari"] == pytest.approx(-50.0)
+  assert r["num_points"] == 4
+  # Were every keypoint its own group (4 singletons against 2 parts): MI = H(parts) = log 2,
+  # NMI = log 2 / ((log 4 + log 2) / 2) = 2/3; A = 0 so E = 0 and ARI = 0.
+  r = part_metrics.keypoint_nmi_ari(np.array([[0, 1, 0, 1]]), 2)
+  assert r["nmi"] == pytest.approx(200 / 3) and r["ari"] == pytest.approx(0.0, abs=1e-9)
+
+  # Two birds: wings on parts (0, 0) and (0, 1), legs on (1, 1) and (1, 1), one leg on the
+  # background (id 2) in the second bird. Points per (group, part): wing 0: 3, wing 1: 1,
+  # leg 1: 3, leg background: 1; N = 8, groups a = (4, 4), parts b = (3, 4, 1).
+  kp = np.array([[0, 0, 1, 1],
+                 [0, 1, 1, 2]])
+  log = np.log
+  mi = (3 / 8 * log(8 * 3 / (4 * 3)) + 1 / 8 * log(8 * 1 / (4 * 4))
+        + 3 / 8 * log(8 * 3 / (4 * 4)) + 1 / 8 * log(8 * 1 / (4 * 1)))
+  h_groups = log(2)
+  h_parts = -(3 / 8 * log(3 / 8) + 4 / 8 * log(4 / 8) + 1 / 8 * log(1 / 8))
+  nmi = mi / ((h_groups + h_parts) / 2)
+  # sum C(n_ij, 2) = 3 + 0 + 3 + 0 = 6; A = 2 C(4, 2) = 12; B = C(3, 2) + C(4, 2) = 9;
+  # E = 12 * 9 / C(8, 2) = 27/7; ARI = (6 - 27/7) / ((12 + 9) / 2 - 27/7) = 30/93.
+  ari = 30 / 93
+  r = part_metrics.keypoint_nmi_ari(kp, 2, include_background=True, keypoint_group=keypoint_group)
+  assert r["nmi"] == pytest.approx(100 * nmi) and r["ari"] == pytest.approx(100 * ari)
+  assert r["num_points"] == 8
+  # Without the background the leg point on it is dropped: wing (3, 1), leg (0, 3), N = 7.
+  fg = part_metrics.keypoint_nmi_ari(kp, 2, include_background=False,
+                                     keypoint_group=keypoint_group)
+  truth, pred = [0, 0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1]
+  assert fg["num_points"] == 7
+  assert fg["nmi"] == pytest.approx(100 * skm.normalized_mutual_info_score(truth, pred))
+  assert fg["ari"] == pytest.approx(100 * skm.adjusted_rand_score(truth, pred))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -8,8 +8,11 @@ a dict of NumPy arrays. Keys (absent when a dataset has no such annotation):
   attributes         float32 [A]        1 present / 0 absent, the part-localized attributes
   attribute_valid    bool    [A]        False where a label is unknown (e.g. CheXpert's -1 under
                                         the "ignore" policy); all True otherwise
-  keypoints          float32 [G, 2]     (x, y) in pixels of `image`, one per merged keypoint group
-  keypoint_visible   bool    [G]
+  keypoints          float32 [M, 2]     (x, y) in pixels of `image`: the dataset's M keypoints (CUB
+                                        its 15 originals; CelebA both eyes, the nose, the mouth
+                                        corners' mean); `DatasetInfo.keypoint_group_ids` says
+                                        which keypoint group each one belongs to
+  keypoint_visible   bool    [M]
   part_segmentation  uint8   [H, W]     0 = background, g + 1 = keypoint group g (synthetic only)
   masks              bool    [T, H, W]  per-task localization masks (CheXlocalize)
   has_masks          bool    []         whether `masks` holds ground truth for this image
@@ -37,10 +40,22 @@ class DatasetInfo:
   part_names: Tuple[str, ...]
   # attribute_part[a] = index into part_names of attribute a's part.
   attribute_part: Tuple[int, ...]
-  # Merged keypoint groups (Table S7 for CUB; eye/nose/mouth for CelebA); may be empty.
+  # Keypoint groups, the ground-truth parts of NMI / ARI and the contingency (Table S7 for CUB;
+  # eye/nose/mouth for CelebA); may be empty.
   keypoint_groups: Tuple[str, ...] = ()
+  # keypoint_group_ids[m] = index into keypoint_groups of keypoint m's group, [M]. Groups merge
+  # by relabelling, so several keypoints may share one (CUB's two wings). Empty: one keypoint per
+  # group, in group order (M = G, the synthetic world); __post_init__ fills that in.
+  keypoint_group_ids: Tuple[int, ...] = ()
   # Localization task names for `masks` (CheXlocalize); may be empty.
   mask_tasks: Tuple[str, ...] = ()
+
+  def __post_init__(self):
+    ids = tuple(int(g) for g in self.keypoint_group_ids) or tuple(range(len(self.keypoint_groups)))
+    if sorted(set(ids)) != list(range(len(self.keypoint_groups))):
+      raise ValueError(f"keypoint_group_ids {ids} must name every one of the "
+                       f"{len(self.keypoint_groups)} keypoint groups, and only them")
+    object.__setattr__(self, "keypoint_group_ids", ids)  # Frozen: set once, here.
 
   @property
   def num_attributes(self) -> int:
@@ -53,6 +68,10 @@ class DatasetInfo:
 
   def attribute_part_array(self) -> np.ndarray:
     return np.asarray(self.attribute_part, np.int32)
+
+  def keypoint_group_array(self) -> np.ndarray:
+    """int32 [M]: each keypoint's group (`keypoint_group_ids`)."""
+    return np.asarray(self.keypoint_group_ids, np.int32)
 
 
 @dataclasses.dataclass

@@ -21,8 +21,10 @@ One example (`base` contract):
   image             uint8   [218, 178, 3] (the aligned images' size; whatever the file holds)
   attributes        float32 [32]     Table S8's attributes in `groupings.CELEBA_ATTRIBUTES` order
   attribute_valid   bool    [32]     all True (CelebA labels are never unknown)
-  keypoints         float32 [3, 2]   eye = mean of both eyes, nose, mouth = mean of both corners
-  keypoint_visible  bool    [3]      False only where the point falls outside the image
+  keypoints         float32 [4, 2]   left eye, right eye, nose, mouth = mean of the two corners
+                                     (`groupings.CELEBA_KEYPOINTS`); both eyes take the label eye
+                                     (`info.keypoint_group_ids`), only the mouth is averaged
+  keypoint_visible  bool    [4]      False only where the point falls outside the image
   label             int32   []       identity - 1 (when identity_CelebA.txt exists)
   index             int64   []
 """
@@ -235,11 +237,18 @@ def dataset_info() -> base.DatasetInfo:
       attribute_names=groupings.CELEBA_ATTRIBUTES,
       part_names=groupings.CELEBA_PARTS,
       attribute_part=groupings.CELEBA_ATTRIBUTE_PART,
-      keypoint_groups=groupings.CELEBA_KEYPOINT_GROUPS)
+      keypoint_groups=groupings.CELEBA_KEYPOINT_GROUPS,
+      keypoint_group_ids=groupings.CELEBA_KEYPOINT_GROUP_IDS)
 
 
-_MEMBERS = groupings.merge_index(groupings.CELEBA_KEYPOINT_MERGE, groupings.CELEBA_KEYPOINT_GROUPS,
-                                 groupings.CELEBA_LANDMARKS)
+def landmarks_to_keypoints(landmarks: np.ndarray) -> np.ndarray:
+  """The 5 landmarks [..., 5, 2] -> an example's 4 keypoints [..., 4, 2] (float32): each the mean
+  of its landmarks in `groupings.CELEBA_KEYPOINT_LANDMARKS`, so the eyes and the nose stay as they
+  are and only the two mouth corners are averaged (Table S7)."""
+  landmarks = np.asarray(landmarks, np.float64)
+  members = [[groupings.CELEBA_LANDMARKS.index(l) for l in groupings.CELEBA_KEYPOINT_LANDMARKS[k]]
+             for k in groupings.CELEBA_KEYPOINTS]
+  return np.stack([landmarks[..., m, :].mean(-2) for m in members], -2).astype(np.float32)
 
 
 class CelebaSource:
@@ -252,10 +261,9 @@ class CelebaSource:
     rows = np.flatnonzero(tables.split == SPLITS.index(split))
     self.files = [tables.files[r] for r in rows]
     self._attributes = tables.attributes[rows]
-    # Every landmark is annotated: merge with all points visible; visibility is decided against
-    # the decoded image's size in __getitem__.
-    self._keypoints, _ = groupings.merge_keypoints(
-        tables.landmarks[rows], np.ones(tables.landmarks[rows].shape[:2], bool), _MEMBERS)
+    # Every landmark is annotated; visibility is decided against the decoded image's size in
+    # __getitem__.
+    self._keypoints = landmarks_to_keypoints(tables.landmarks[rows])  # [N, 4, 2]
     self._identity = None if tables.identity is None else tables.identity[rows]
     self._info = dataset_info()
 

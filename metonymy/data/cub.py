@@ -22,8 +22,10 @@ One example (`base` contract):
   attributes        float32 [248]      Table S9's attributes, in `groupings.CUB_ATTRIBUTES` order
   attribute_valid   bool    [248]      False where the file has no label for the pair (or, with
                                        ignore_not_visible=True, where certainty is "not visible")
-  keypoints         float32 [7, 2]     (x, y) pixels; Table S7 groups, mean of visible members
-  keypoint_visible  bool    [7]
+  keypoints         float32 [15, 2]    (x, y) pixels of the 15 parts in `groupings.CUB_KEYPOINTS`
+                                       order, each at its own location with its Table S7 group's
+                                       label (`info.keypoint_group_ids`); nothing is averaged
+  keypoint_visible  bool    [15]       the file's flag (an invisible point keeps the file's 0, 0)
   label             int32   []         class 0..199
   index             int64   []         position in the split
 
@@ -85,10 +87,8 @@ class CubTables:
   is_train: np.ndarray  # bool [N]
   labels: np.ndarray  # int32 [N], 0..199
   bboxes: np.ndarray  # float32 [N, 4] x, y, w, h
-  keypoints_raw: np.ndarray  # float32 [N, 15, 2]
-  visible_raw: np.ndarray  # bool [N, 15]
-  keypoints: np.ndarray  # float32 [N, 7, 2] merged (Table S7)
-  keypoint_visible: np.ndarray  # bool [N, 7]
+  keypoints: np.ndarray  # float32 [N, 15, 2], groupings.CUB_KEYPOINTS order
+  keypoint_visible: np.ndarray  # bool [N, 15]
   attributes: np.ndarray  # uint8 [N, 248] is_present, Table S9 order
   certainty: np.ndarray  # uint8 [N, 248] 1..4 (1 = not visible), 0 where unlabelled
   extra_field_lines: int
@@ -189,7 +189,7 @@ def _load_tables_cached(dataset_dir: Path, attributes_path: Path, stamp: Tuple) 
   bboxes = per_image(
       "bboxes", 5, lambda f, path, ln: [parse_float(t, path, ln) for t in f]).astype(np.float32)
 
-  # parts.txt: names -> raw keypoint index (checked against the 15 names we merge).
+  # parts.txt: names -> keypoint index (checked against the 15 names Table S7 groups).
   p = files["parts"]
   part_index = {}
   for lineno, f in read_rows(p, min_fields=2, maxsplit=1):
@@ -201,8 +201,8 @@ def _load_tables_cached(dataset_dir: Path, attributes_path: Path, stamp: Tuple) 
     raise base.DataError(f"{p}: expected the 15 CUB parts {groupings.CUB_KEYPOINTS}")
 
   p = files["part_locs"]
-  keypoints_raw = np.zeros((n, 15, 2), np.float32)
-  visible_raw = np.zeros((n, 15), bool)
+  keypoints = np.zeros((n, 15, 2), np.float32)
+  keypoint_visible = np.zeros((n, 15), bool)
   for lineno, f in read_rows(p, min_fields=5):
     image_id, part_id = parse_int(f[0], p, lineno), parse_int(f[1], p, lineno)
     row = rows.get(image_id)
@@ -211,14 +211,11 @@ def _load_tables_cached(dataset_dir: Path, attributes_path: Path, stamp: Tuple) 
     k = part_index.get(part_id)
     if k is None:
       raise base.DataError(f"{p}:{lineno}: part id {part_id} is not in parts.txt")
-    keypoints_raw[row, k] = (parse_float(f[2], p, lineno), parse_float(f[3], p, lineno))
+    keypoints[row, k] = (parse_float(f[2], p, lineno), parse_float(f[3], p, lineno))
     v = parse_int(f[4], p, lineno)
     if v not in (0, 1):
       raise base.DataError(f"{p}:{lineno}: malformed line, visible flag {v} is not 0 or 1")
-    visible_raw[row, k] = v == 1
-  members = groupings.merge_index(groupings.CUB_KEYPOINT_MERGE, groupings.CUB_KEYPOINT_GROUPS,
-                                  groupings.CUB_KEYPOINTS)
-  keypoints, keypoint_visible = groupings.merge_keypoints(keypoints_raw, visible_raw, members)
+    keypoint_visible[row, k] = v == 1
 
   # attributes.txt: attribute id -> column of Table S9's 248 (or -1 for the holistic ones).
   p = files["attribute_names"]
@@ -259,8 +256,8 @@ def _load_tables_cached(dataset_dir: Path, attributes_path: Path, stamp: Tuple) 
   if unlabelled:
     warnings.append(f"{files['attribute_labels']}: {unlabelled} (image, attribute) pair(s) "
                     "without a label (attribute_valid False)")
-  return CubTables(dataset_dir, image_ids, paths, is_train, labels, bboxes, keypoints_raw,
-                   visible_raw, keypoints, keypoint_visible, attributes, certainty, extra, warnings)
+  return CubTables(dataset_dir, image_ids, paths, is_train, labels, bboxes, keypoints,
+                   keypoint_visible, attributes, certainty, extra, warnings)
 
 
 def _read_attribute_labels(path: Path, rows: Dict[int, int], image_ids: np.ndarray,
@@ -342,7 +339,8 @@ def dataset_info() -> base.DatasetInfo:
       attribute_names=groupings.CUB_ATTRIBUTES,
       part_names=groupings.CUB_PARTS,
       attribute_part=groupings.CUB_ATTRIBUTE_PART,
-      keypoint_groups=groupings.CUB_KEYPOINT_GROUPS)
+      keypoint_groups=groupings.CUB_KEYPOINT_GROUPS,
+      keypoint_group_ids=groupings.CUB_KEYPOINT_GROUP_IDS)
 
 
 class CubSource:

@@ -7,21 +7,26 @@ CUB (Table S9): 248 of the 312 attributes, selected and grouped by their name pr
 `has_wing_color::blue` before `::`). The 64 left out describe the whole bird: has_size,
 has_shape, has_primary_color, has_upperparts_color, has_underparts_color.
 
-CUB keypoints (Table S7): the 15 annotated parts merge into the same 7 groups; a merged keypoint
-is the mean of its visible members and is invisible when none is visible.
+Keypoint groups (Table S7) merge by relabelling, not by averaging: every visible original
+keypoint stays one point at its own location and takes its group's label, so a group holds a
+variable number of points (CUB's head up to 7, its wing and leg up to 2). An example carries a
+fixed number M of keypoints (`keypoints [M, 2]`, `keypoint_visible [M]`, so batches stay
+rectangular); `DatasetInfo.keypoint_group_ids [M]` names each one's group.
+
+CUB keypoints: the 15 annotated parts, in parts.txt order (M = 15), in 7 groups named like the
+attribute parts (Table S7 lists the two eyes as one "eye"; both are head points).
 
 CelebA (Table S8): 32 of the 40 attributes in 8 parts (part names lower-case, "Mouth / Jaw" ->
-`mouth`). Landmarks (Table S7): eye = mean of the two eyes, nose, mouth = mean of the two mouth
-corners. The paper states the averaging only for the mouth ("left mouth, right mouth
-(averaged)"); it merges the two eyes "into a single eye part" (Sec. 5.1) and one location per
-part is needed, so the eye uses the same mean.
+`mouth`). Landmarks (Table S7): the two eyes stay two points labelled eye, the nose is one point,
+and the two mouth corners are averaged into one mouth point, the only averaging the paper does
+("left mouth, right mouth (averaged)", Appendix H): M = 4.
 
 CheXpert / CheXlocalize: the 14 CSV observations and the 10 localized tasks. Tasks are named as in
 the CSV ("Lung Opacity"); CheXlocalize's JSON calls that one "Airspace Opacity".
 
-Every merged group is left/right symmetric (both eyes, both legs, both wings are merged), so a
-horizontal flip needs no swap of merged keypoints; the raw flip pairs are kept for code that works
-on the 15 CUB or 5 CelebA points directly.
+Flip pairs index an example's keypoints. Both members of a left/right pair share a group, so a
+horizontal flip that does not swap them leaves every label, and so NMI / ARI and the contingency,
+unchanged; swapping keeps the names right (the mirrored bird's left wing is the old right wing).
 """
 
 from typing import Dict, Tuple
@@ -83,12 +88,12 @@ CUB_NUM_RAW_ATTRIBUTES = 312
 CUB_EXCLUDED_PREFIXES: Tuple[str, ...] = (
     "has_primary_color", "has_shape", "has_size", "has_underparts_color", "has_upperparts_color")
 
-# parts/parts.txt, ids 1..15 in order.
+# parts/parts.txt, ids 1..15 in order: an example's 15 keypoints, in this order.
 CUB_KEYPOINTS: Tuple[str, ...] = (
     "back", "beak", "belly", "breast", "crown", "forehead", "left eye", "left leg", "left wing",
     "nape", "right eye", "right leg", "right wing", "tail", "throat")
 
-# Table S7: merged group -> original keypoints.
+# Table S7: group -> the original keypoints that take its label.
 CUB_KEYPOINT_MERGE: Dict[str, Tuple[str, ...]] = {
     "back": ("back",),
     "belly": ("belly",),
@@ -100,14 +105,12 @@ CUB_KEYPOINT_MERGE: Dict[str, Tuple[str, ...]] = {
 }
 CUB_KEYPOINT_GROUPS: Tuple[str, ...] = CUB_PARTS
 
-# Left/right pairs among the 15 raw keypoints (0-based indices into CUB_KEYPOINTS).
+# Left/right pairs among the 15 keypoints (0-based indices into CUB_KEYPOINTS).
 CUB_KEYPOINT_FLIP_PAIRS: Tuple[Tuple[int, int], ...] = (
     (CUB_KEYPOINTS.index("left eye"), CUB_KEYPOINTS.index("right eye")),
     (CUB_KEYPOINTS.index("left leg"), CUB_KEYPOINTS.index("right leg")),
     (CUB_KEYPOINTS.index("left wing"), CUB_KEYPOINTS.index("right wing")),
 )
-# The merged groups are symmetric: nothing to swap on a flip.
-CUB_MERGED_FLIP_PAIRS: Tuple[Tuple[int, int], ...] = ()
 
 # ------------------------------------------------------------------------------------------------
 # CelebA
@@ -153,15 +156,25 @@ CELEBA_LANDMARKS: Tuple[str, ...] = ("left eye", "right eye", "nose", "left mout
 CELEBA_LANDMARK_COLUMNS: Tuple[str, ...] = (
     "lefteye_x", "lefteye_y", "righteye_x", "righteye_y", "nose_x", "nose_y",
     "leftmouth_x", "leftmouth_y", "rightmouth_x", "rightmouth_y")
-# Table S7: merged group -> landmarks averaged into it.
-CELEBA_KEYPOINT_MERGE: Dict[str, Tuple[str, ...]] = {
-    "eye": ("left eye", "right eye"),
+# An example's 4 keypoints, each the mean of these landmarks: Table S7 averages only the two
+# mouth corners.
+CELEBA_KEYPOINT_LANDMARKS: Dict[str, Tuple[str, ...]] = {
+    "left eye": ("left eye",),
+    "right eye": ("right eye",),
     "nose": ("nose",),
     "mouth": ("left mouth", "right mouth"),
 }
+CELEBA_KEYPOINTS: Tuple[str, ...] = tuple(CELEBA_KEYPOINT_LANDMARKS)
+# Table S7: group -> the keypoints that take its label.
+CELEBA_KEYPOINT_MERGE: Dict[str, Tuple[str, ...]] = {
+    "eye": ("left eye", "right eye"),
+    "nose": ("nose",),
+    "mouth": ("mouth",),
+}
 CELEBA_KEYPOINT_GROUPS: Tuple[str, ...] = ("eye", "nose", "mouth")
-CELEBA_LANDMARK_FLIP_PAIRS: Tuple[Tuple[int, int], ...] = ((0, 1), (3, 4))
-CELEBA_MERGED_FLIP_PAIRS: Tuple[Tuple[int, int], ...] = ()
+# Left/right pairs among the 4 keypoints (indices into CELEBA_KEYPOINTS).
+CELEBA_KEYPOINT_FLIP_PAIRS: Tuple[Tuple[int, int], ...] = (
+    (CELEBA_KEYPOINTS.index("left eye"), CELEBA_KEYPOINTS.index("right eye")),)
 
 # ------------------------------------------------------------------------------------------------
 # CheXpert / CheXlocalize
@@ -195,12 +208,6 @@ def cub_attribute_value(name: str) -> str:
   return name.split("::", 1)[1] if "::" in name else ""
 
 
-def merge_index(members: Dict[str, Tuple[str, ...]], groups: Tuple[str, ...],
-                raw: Tuple[str, ...]) -> Tuple[Tuple[int, ...], ...]:
-  """For each group, the indices into `raw` of its members (for vectorized merging)."""
-  return tuple(tuple(raw.index(m) for m in members[g]) for g in groups)
-
-
 # The 248 CUB attributes in Table S9's order (parts, then prefixes, then values as listed), and
 # each one's part index. The loader looks these names up in attributes.txt, so the vector never
 # depends on the file's own order.
@@ -210,25 +217,31 @@ CUB_ATTRIBUTE_PART: Tuple[int, ...] = tuple(
     CUB_PARTS.index(part) for _, part, values in CUB_ATTRIBUTE_TABLE for _ in values)
 
 
-def merge_keypoints(xy, visible, members):
-  """Merge raw keypoints into groups: the mean of each group's visible members.
+def keypoint_group_ids(merge: Dict[str, Tuple[str, ...]], groups: Tuple[str, ...],
+                       keypoints: Tuple[str, ...]) -> Tuple[int, ...]:
+  """The group of each keypoint, int [M]: index into `groups` of the group listing it in `merge`.
 
-  Args:
-    xy: float [..., R, 2] raw (x, y) points.
-    visible: bool [..., R].
-    members: G tuples of indices into R (e.g. `merge_index(...)`).
-  Returns:
-    (float32 [..., G, 2], bool [..., G]); a group with no visible member is (0, 0), invisible.
+  Every keypoint must belong to exactly one group and every group hold at least one keypoint.
   """
-  xy = np.asarray(xy, np.float64)
-  visible = np.asarray(visible, bool)
-  out = np.zeros(xy.shape[:-2] + (len(members), 2), np.float32)
-  out_visible = np.zeros(xy.shape[:-2] + (len(members),), bool)
-  for g, idx in enumerate(members):
-    idx = list(idx)
-    weight = visible[..., idx].astype(np.float64)  # [..., M]
-    count = weight.sum(-1)  # [...]
-    total = (xy[..., idx, :] * weight[..., None]).sum(-2)  # [..., 2]
-    out[..., g, :] = total / np.maximum(count, 1.0)[..., None]
-    out_visible[..., g] = count > 0
-  return out, out_visible
+  group_of = {}
+  for g, group in enumerate(groups):
+    if not merge[group]:
+      raise ValueError(f"keypoint group {group!r} has no keypoint")
+    for name in merge[group]:
+      if name in group_of:
+        raise ValueError(f"keypoint {name!r} is in groups {groups[group_of[name]]!r} and {group!r}")
+      group_of[name] = g
+  missing = [name for name in keypoints if name not in group_of]
+  unknown = sorted(set(group_of) - set(keypoints))
+  if missing or unknown:
+    raise ValueError(f"keypoint groups do not cover the keypoints: without a group {missing}, "
+                     f"not keypoints {unknown}")
+  return tuple(group_of[name] for name in keypoints)
+
+
+# The group (index into *_KEYPOINT_GROUPS) of each of an example's keypoints: DatasetInfo's
+# keypoint_group_ids.
+CUB_KEYPOINT_GROUP_IDS: Tuple[int, ...] = keypoint_group_ids(
+    CUB_KEYPOINT_MERGE, CUB_KEYPOINT_GROUPS, CUB_KEYPOINTS)
+CELEBA_KEYPOINT_GROUP_IDS: Tuple[int, ...] = keypoint_group_ids(
+    CELEBA_KEYPOINT_MERGE, CELEBA_KEYPOINT_GROUPS, CELEBA_KEYPOINTS)

@@ -181,6 +181,7 @@ def dataset_info(config: SyntheticConfig) -> base.DatasetInfo:
       attribute_names=attribute_names(config),
       part_names=tuple(config.part_names),
       attribute_part=tuple(g for g in range(config.num_parts) for _ in range(per_part)),
+      # One keypoint per part, so keypoint_group_ids is its default, 0..G-1.
       keypoint_groups=tuple(config.part_names))
 
 

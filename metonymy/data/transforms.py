@@ -4,7 +4,8 @@ Every transform is a picklable callable `t(example, rng) -> example` (Grain's ra
 convention; deterministic transforms ignore `rng`) over the dicts of base.py:
 
   image              uint8 [H, W, C] (or float32, e.g. after Normalize; geometry wants uint8 first)
-  keypoints          float32 [G, 2] (x, y) pixels, keypoint_visible bool [G]
+  keypoints          float32 [M, 2] (x, y) pixels, keypoint_visible bool [M] (any number of
+                     keypoints: each moves on its own; their group labels live in DatasetInfo)
   part_segmentation  uint8 [H, W], 0 = background
   masks              bool [T, H, W]
 
@@ -168,8 +169,9 @@ def affine(example: Example, forward: np.ndarray, out_hw: Optional[Tuple[int, in
 
 
 def hflip(example: Example, flip_pairs: Sequence[Tuple[int, int]] = ()) -> Example:
-  """Mirror left-right; keypoint groups (a, b) of `flip_pairs` swap, and so do their
-  segmentation labels (a + 1, b + 1)."""
+  """Mirror left-right; keypoints (a, b) of `flip_pairs` swap (e.g. CUB's left and right wing,
+  `groupings.CUB_KEYPOINT_FLIP_PAIRS`), and so do the segmentation labels (a + 1, b + 1), which
+  assumes keypoint g is part g (the synthetic world's one keypoint per part)."""
   h, w = _image_hw(example)
   out = dict(example)
   if "image" in example:
@@ -345,7 +347,7 @@ class RandomAffine:
 
 
 class RandomHorizontalFlip:
-  """Mirror with probability p, swapping the keypoint groups of `flip_pairs` (index pairs)."""
+  """Mirror with probability p, swapping the keypoints of `flip_pairs` (index pairs)."""
 
   def __init__(self, p: float = 0.5, flip_pairs: Sequence[Tuple[int, int]] = ()):
     self.p = p

@@ -1,11 +1,14 @@
 """Part-level metrics: contingency, part assignment, PS (eq. 1), MPPO (eq. 2), NMI / ARI.
 
 Names: K discovered parts (ids 0..K-1, background id K), G ground-truth parts (keypoint groups
-or attribute groups), A attributes, S samples.
+or attribute groups), A attributes, S samples, M keypoints per sample.
 
-Keypoint hits: `keypoint_part` int [S, G] is the discovered part id (0..K, K = background) under
-keypoint g of sample s, or -1 where the keypoint is not visible. The contingency, the
-assignment and NMI / ARI all derive from it.
+Keypoint hits: `keypoint_part` int [S, M] is the discovered part id (0..K, K = background) under
+keypoint m of sample s, or -1 where the keypoint is not visible; `keypoint_group` int [M] is the
+ground-truth group of keypoint m (`DatasetInfo.keypoint_group_ids`). Tables S7/S8 merge keypoints
+by relabelling, so a group may hold several keypoints (CUB's two wings are two points labelled
+wing); without `keypoint_group` keypoint m is group m. The contingency, the assignment and
+NMI / ARI all derive from these.
 """
 
 from typing import Dict, Mapping, Optional, Sequence, Tuple
@@ -19,44 +22,64 @@ INVISIBLE = -1
 # Contingency and assignment (Sec. 3.0.1, Fig. S5a).
 
 
-def keypoint_counts(keypoint_part: np.ndarray, num_parts: int, weights=None) -> np.ndarray:
+def _keypoint_group(keypoint_group, num_keypoints: int) -> np.ndarray:
+  """int64 [M]: `keypoint_group` checked against the M columns of keypoint_part (identity if
+  None)."""
+  if keypoint_group is None:
+    return np.arange(num_keypoints)
+  group = np.asarray(keypoint_group, np.int64)
+  if group.shape != (num_keypoints,):
+    raise ValueError(f"keypoint_group gives the group of {group.size} keypoints but keypoint_part "
+                     f"has {num_keypoints} per sample (features cached with another keypoint "
+                     "layout? delete the cache)")
+  if group.size and sorted(set(group.tolist())) != list(range(int(group.max()) + 1)):
+    raise ValueError(f"keypoint_group must use every group id 0..G-1, got {group.tolist()}")
+  return group
+
+
+def keypoint_counts(keypoint_part: np.ndarray, num_parts: int, weights=None, *,
+                    keypoint_group=None) -> np.ndarray:
   """Co-occurrence counts n[k, g] = #{visible keypoints of group g under discovered part k}.
 
   Args:
-    keypoint_part: int [S, G] in {-1 (invisible), 0..K (K = background)}.
+    keypoint_part: int [S, M] in {-1 (invisible), 0..K (K = background)}.
     num_parts: K.
     weights: optional per-sample weights [S] (bootstrap multiplicities).
+    keypoint_group: int [M] in 0..G-1, the group of each keypoint (every group present); None:
+      keypoint m is group m (G = M).
 
   Returns:
     float [K + 1, G]; row K counts keypoints that fall on the background.
   """
   kp = np.asarray(keypoint_part, np.int64)
   if kp.ndim != 2:
-    raise ValueError(f"keypoint_part must be [S, G], got shape {kp.shape}")
+    raise ValueError(f"keypoint_part must be [S, M], got shape {kp.shape}")
   if kp.size and (kp.min() < INVISIBLE or kp.max() > num_parts):
     raise ValueError(f"keypoint_part values must lie in [-1, {num_parts}], got "
                      f"[{kp.min()}, {kp.max()}]")
+  group = _keypoint_group(keypoint_group, kp.shape[1])
   w = np.ones(kp.shape[0]) if weights is None else np.asarray(weights, np.float64)
-  num_groups = kp.shape[1]
-  counts = np.zeros((num_parts + 1, num_groups))
+  counts = np.zeros((num_parts + 1, int(group.max(initial=-1)) + 1))
   visible = kp >= 0
   rows = np.where(visible, kp, 0)
-  cols = np.broadcast_to(np.arange(num_groups), kp.shape)
+  cols = np.broadcast_to(group, kp.shape)  # Each keypoint counts for its group.
   np.add.at(counts, (rows[visible], cols[visible]),
             np.broadcast_to(w[:, None], kp.shape)[visible])
   return counts
 
 
-def contingency(keypoint_part: np.ndarray, num_parts: int, weights=None) -> np.ndarray:
+def contingency(keypoint_part: np.ndarray, num_parts: int, weights=None, *,
+                keypoint_group=None) -> np.ndarray:
   """The spatial contingency matrix c[k, g] of Sec. 3.0.1 / Fig. S5a.
 
   c_g^k = n[k, g] / sum_k' n[k', g]: the fraction of group g's visible keypoints that fall
-  inside discovered part k (each column sums to 1 over the K parts and the background row).
+  inside discovered part k (each column sums to 1 over the K parts and the background row). All
+  of a group's keypoints count (both wings for the wing column). Arguments as `keypoint_counts`.
 
   Returns:
     float [K + 1, G]; a column with no visible keypoint is NaN.
   """
-  counts = keypoint_counts(keypoint_part, num_parts, weights)
+  counts = keypoint_counts(keypoint_part, num_parts, weights, keypoint_group=keypoint_group)
   total = counts.sum(0, keepdims=True)
   with np.errstate(invalid="ignore", divide="ignore"):
     return np.where(total > 0, counts / np.maximum(total, 1e-300), np.nan)
@@ -233,12 +256,13 @@ def nmi_ari_from_counts(counts: np.ndarray) -> Tuple[float, float]:
 
 def keypoint_nmi_ari(keypoint_part: np.ndarray, num_parts: int, *, include_background: bool = True,
                      keypoint_part_foreground: Optional[np.ndarray] = None,
-                     weights=None) -> Dict[str, float]:
+                     keypoint_group=None, weights=None) -> Dict[str, float]:
   """NMI and ARI (x100) between keypoint group ids and the discovered part under each keypoint.
 
-  Protocol (PDiscoFormer / MPAE): every visible keypoint of every test image is one point; its
-  ground-truth label is its group g, its predicted label the discovered part at its pixel, pooled
-  over the set.
+  Protocol (PDiscoFormer / MPAE, with Tables S7/S8's relabelling): every visible keypoint of
+  every test image is one point; its ground-truth label is its group g (both wings of a bird are
+  two points labelled wing), its predicted label the discovered part at its pixel, pooled over
+  the set.
     with background: the prediction ranges over the K parts and the background (argmax over all
       K + 1 maps).
     without background (MPAE's foreground-only variant): the argmax over the K foreground maps,
@@ -246,10 +270,11 @@ def keypoint_nmi_ari(keypoint_part: np.ndarray, num_parts: int, *, include_backg
       argmax is unknown where the background wins, keypoints on the background are dropped.
 
   Args:
-    keypoint_part: int [S, G] in {-1, 0..K}.
+    keypoint_part: int [S, M] in {-1, 0..K}.
     num_parts: K.
     include_background: which variant.
-    keypoint_part_foreground: optional int [S, G] in {-1, 0..K-1}.
+    keypoint_part_foreground: optional int [S, M] in {-1, 0..K-1}.
+    keypoint_group: int [M], the group of each keypoint (None: keypoint m is group m).
     weights: optional per-sample weights [S].
 
   Returns:
@@ -263,6 +288,6 @@ def keypoint_nmi_ari(keypoint_part: np.ndarray, num_parts: int, *, include_backg
         raise ValueError("keypoint_part_foreground must not contain the background id")
     else:
       kp = np.where(kp == num_parts, INVISIBLE, kp)
-  counts = keypoint_counts(kp, num_parts, weights)  # [K + 1, G]: parts x groups
+  counts = keypoint_counts(kp, num_parts, weights, keypoint_group=keypoint_group)  # [K + 1, G]
   nmi, ari = nmi_ari_from_counts(counts.T)
   return {"nmi": 100.0 * nmi, "ari": 100.0 * ari, "num_points": float(counts.sum())}

@@ -167,6 +167,8 @@ def extract_splits(name: str, model, params, vit_config, config, cache_root: str
         "num_examples": len(source), "transforms": repr(transforms),
         "masks": mask_source.spec(), "patch_rule": masks_cfg.patch_rule,
         "patch_size": vit_config.patch_size,
+        # The labels stream holds one column per keypoint: a new keypoint layout is a new cache.
+        "keypoint_group_ids": list(info.keypoint_group_ids),
     }
     split_dir = os.path.join(cache_root, backbone_dir,
                              f"{_slug(data_cfg.dataset)}-{cache_lib.fingerprint(identity)}", split)
@@ -255,8 +257,10 @@ def evaluate(name: str, model, params, vit_config, config, *, seed: int, cache_r
   contingency = None
   assignment = np.zeros((num_parts, num_groups), bool)
   assignment_source = ["none"] * num_groups
+  keypoint_group = info.keypoint_group_array()  # [M]: several keypoints may share a group.
   if "keypoint_part" in labels:
-    contingency = part_metrics.contingency(labels["keypoint_part"], num_parts)
+    contingency = part_metrics.contingency(labels["keypoint_part"], num_parts,
+                                           keypoint_group=keypoint_group)
     by_threshold = part_metrics.assign_by_threshold(contingency, float(eval_cfg.tau))
     for g, group in enumerate(groups):
       if group in info.keypoint_groups:
@@ -310,7 +314,7 @@ def evaluate(name: str, model, params, vit_config, config, *, seed: int, cache_r
         r = part_metrics.keypoint_nmi_ari(labels["keypoint_part"], num_parts,
                                           include_background=bg,
                                           keypoint_part_foreground=labels.get("keypoint_part_fg"),
-                                          weights=w)
+                                          keypoint_group=keypoint_group, weights=w)
         out[f"nmi_{suffix}"], out[f"ari_{suffix}"] = r["nmi"], r["ari"]
     return out
 

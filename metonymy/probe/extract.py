@@ -4,7 +4,8 @@ annotations the metrics need, cached in resumable chunks (`cache.ChunkStore`).
 Streams, each its own ChunkStore folder:
   labels  attributes float32 [N, A], attribute_valid bool [N, A], index int64 [N],
           part_patches int32 [N, K] (patches of each part),
-          keypoint_part int16 [N, G] (with keypoints), keypoint_part_fg int16 [N, G] (soft maps),
+          keypoint_part int16 [N, M] (with keypoints, one column per keypoint, grouped by
+          DatasetInfo.keypoint_group_ids), keypoint_part_fg int16 [N, M] (soft maps),
           overlap bool [N, K, T] and has_masks bool [N] (with ground-truth masks)
   late    features float32 [N, K, D], present bool [N, K]
   early   features float32 [N, K, D], present bool [N, K]

@@ -109,10 +109,16 @@ def pixel_mask_of_patches(part_ids: np.ndarray, part: int, patch_size: int) -> n
 
 
 def keypoint_parts(labels: np.ndarray, keypoints: np.ndarray, visible: np.ndarray) -> np.ndarray:
-  """The label under every visible keypoint: int16 [B, G], -1 where invisible or off-image.
+  """The label under every visible keypoint: int16 [B, M], -1 where invisible or off-image.
 
   Pixel (row i, column j) covers [j, j+1) x [i, i+1) (the data contract), so keypoint (x, y)
   reads pixel (floor(y), floor(x)): nearest sampling, as PDiscoFormer reads its upsampled maps.
+
+  Args:
+    labels: int [B, H, W] pixel part map.
+    keypoints: float [B, M, 2] (x, y) pixels, any number M of keypoints (each is read on its
+      own; the metrics group them by DatasetInfo.keypoint_group_ids).
+    visible: bool [B, M].
   """
   labels = np.asarray(labels)
   b, h, w = labels.shape
@@ -154,6 +160,7 @@ def ground_truth_masks(batch: Mapping[str, np.ndarray]) -> Optional[Tuple[np.nda
     return masks, has
   if "part_segmentation" in batch:
     seg = np.asarray(batch["part_segmentation"])
+    # Only the synthetic world has a segmentation, and it has one keypoint per part (M = G).
     num_groups = int(batch["keypoints"].shape[1]) if "keypoints" in batch else int(seg.max())
     masks = seg[:, None] == (np.arange(num_groups) + 1)[None, :, None, None]
     return masks, np.ones(seg.shape[0], bool)
