@@ -16,6 +16,13 @@ The run, in order:
   5. the loop: step, then logging (JSONL, TensorBoard, console with steps/s and ETA),
      checkpoints and evaluation at their intervals. A non-finite loss or gradient norm stops the
      run before anything after it is saved.
+
+Collapse is reported, not hidden: every step measures the share of the training batch's patches
+that each part wins (`train/part_share/<k>`, `train/part_share/max`, `train/part_mass/<k>`; k = K
+is the background), every evaluation the same over the whole evaluation set plus `eval/collapsed`
+(training/evaluate.py), and an evaluation where one part holds more than 90% of the patches or a
+foreground part wins none logs a warning and writes it into WORKDIR/report.md, which each
+evaluation rewrites with its numbers.
 """
 
 import importlib
@@ -23,6 +30,7 @@ import json
 import os
 from typing import Any, Dict
 
+from absl import logging
 import flax
 import jax
 import jax.numpy as jnp
@@ -115,6 +123,40 @@ def _global_norm(tree) -> jax.Array:
   return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(tree)))
 
 
+def _part_share_metrics(maps: jax.Array) -> Dict[str, jax.Array]:
+  """Occupancy of a training batch's maps [B, K+1, h, w] (background last), float32 scalars:
+  train/part_share/<k>  share of the batch's patches whose argmax is channel k (Gumbel noise
+                        included, as the loss sees them)
+  train/part_share/max  the largest share
+  train/part_mass/<k>   mean soft probability of channel k
+  Logged only, so the gradient is stopped."""
+  maps = jax.lax.stop_gradient(maps).astype(jnp.float32)
+  won = jax.nn.one_hot(jnp.argmax(maps, axis=1), maps.shape[1], axis=1)  # [B, K+1, h, w]
+  share, mass = jnp.mean(won, axis=(0, 2, 3)), jnp.mean(maps, axis=(0, 2, 3))
+  out = {f"train/part_share/{k}": share[k] for k in range(maps.shape[1])}
+  out.update({f"train/part_mass/{k}": mass[k] for k in range(maps.shape[1])})
+  out["train/part_share/max"] = jnp.max(share)
+  return out
+
+
+class _KeepsMaps:
+  """The model, keeping the maps of the loss's main forward (its first `apply`) so the step can
+  log their part shares without a second forward: objective.loss_fn returns scalars only."""
+
+  def __init__(self, model):
+    self._model = model
+    self.maps = None
+
+  def apply(self, *args, **kwargs):
+    out = self._model.apply(*args, **kwargs)
+    if self.maps is None:
+      self.maps = out["maps"]
+    return out
+
+  def __getattr__(self, name):
+    return getattr(self._model, name)
+
+
 def _finite_or_raise(step: int, metrics, mngr, writer) -> Dict[str, float]:
   """Host copy of a step's metrics; raises NonFiniteError if the loss or grad norm is not finite."""
   values = {k: float(v) for k, v in jax.device_get(metrics).items()}
@@ -181,9 +223,13 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
 
   def train_step(state: TrainState, frozen, batch):
     rng = jax.random.fold_in(state.rng, state.step)
-    loss_and_grad = jax.value_and_grad(
-        lambda p: objective.loss_fn(model, p, frozen, batch, rng, config.loss), has_aux=True)
-    (loss, metrics), grads = loss_and_grad(state.params)
+
+    def loss_and_metrics(params):
+      recorder = _KeepsMaps(model)
+      loss, metrics = objective.loss_fn(recorder, params, frozen, batch, rng, config.loss)
+      return loss, dict(metrics, **_part_share_metrics(recorder.maps))
+
+    (loss, metrics), grads = jax.value_and_grad(loss_and_metrics, has_aux=True)(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = dict(metrics, loss=loss, grad_norm=_global_norm(grads),
@@ -232,7 +278,24 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
     writer.write_scalars(step, scalars)
     if result["image"] is not None:
       writer.write_image(step, "eval/part_maps", result["image"])
-    writers.console(f"eval @ {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in scalars.items()))
+    # The per-part values go on one short line of their own, in channel order (background last).
+    per_part = lambda prefix: " ".join(f"{v:.2f}" for k, v in scalars.items()
+                                       if k.startswith(prefix) and k.rsplit("/", 1)[1].isdigit())
+    writers.console(f"eval @ {step}: " + ", ".join(
+        f"{k} {v:.4g}" for k, v in scalars.items()
+        if not k.startswith(("eval/part_share/", "eval/part_mass/"))))
+    if "eval/part_share/max" in scalars:
+      writers.console(f"eval @ {step}: part shares {per_part('eval/part_share/')} (background "
+                      f"last), max {scalars['eval/part_share/max']:.2f}, empty parts "
+                      f"{scalars['eval/part_share/num_empty']:g}")
+    warnings = evaluate.collapse_warnings(result["scalars"])
+    if jax.process_index() == 0:
+      for warning in warnings:
+        logging.warning("eval @ %d: %s", step, warning)
+    writer.write_text("report.md", evaluate.report_markdown(
+        result["scalars"], warnings, step=step, total_steps=total_steps,
+        title=f"Training report: {config.model.name} on {config.data.dataset} "
+              f"({os.path.basename(os.path.normpath(workdir))})"))
     return scalars
 
   if step >= total_steps:
@@ -263,7 +326,8 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
           values["steps_per_second"] = progress.steps_per_second
         writer.write_scalars(step, values)
         writers.console(f"step {step}/{total_steps} (epoch {values['epoch']:.2f}) "
-                        f"loss {values['loss']:.4f} | {rate}")
+                        f"loss {values['loss']:.4f}, max part share "
+                        f"{values['train/part_share/max']:.2f} | {rate}")
       if step % checkpoint_every == 0 or last:
         _finite_or_raise(step, metrics, mngr, writer)
         checkpointing.save(mngr, state, train_iter)

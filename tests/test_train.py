@@ -85,6 +85,38 @@ def test_short_run_lowers_the_loss_and_writes_everything(reference):
   assert mngr.all_steps() == [20, 30]  # keep_checkpoints = 2
 
 
+def test_short_run_logs_part_shares_and_writes_the_report(reference):
+  workdir, scalars = reference
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f]
+  channels = range(6)  # K = 5 parts and the background
+  train_rows = [r for r in rows if "loss" in r]
+  for key in [f"train/part_share/{k}" for k in channels] + [
+      f"train/part_mass/{k}" for k in channels] + ["train/part_share/max"]:
+    assert all(key in r for r in train_rows), key
+  for r in train_rows:
+    shares = [r[f"train/part_share/{k}"] for k in channels]
+    assert sum(shares) == pytest.approx(1.0, abs=1e-5)
+    assert r["train/part_share/max"] == pytest.approx(max(shares))
+  eval_row = [r for r in rows if "eval/collapsed" in r][-1]
+  for key in [f"eval/part_share/{k}" for k in channels] + [
+      f"eval/part_mass/{k}" for k in channels] + [
+      "eval/part_share/max", "eval/part_share/max_part", "eval/part_share/num_empty",
+      "eval/collapsed", "eval/parts/NMI", "eval/parts/ARI", "eval/parts/NMI_fg",
+      "eval/parts/ARI_fg"]:
+    assert key in eval_row and key in scalars, key
+  shares = [scalars[f"eval/part_share/{k}"] for k in channels]
+  assert sum(shares) == pytest.approx(1.0, abs=1e-9)
+  expected = float(max(shares) > 0.9 or min(shares[:-1]) == 0)
+  assert scalars["eval/collapsed"] == expected
+  with open(os.path.join(workdir, "report.md")) as f:
+    report = f.read()
+  assert f"Evaluation at step {STEPS} of {STEPS}" in report
+  assert "| Part | Share | Soft mass |" in report and "| 5 (background) |" in report
+  assert "| K foreground maps (MPAE) |" in report
+  assert ("**Part collapse" in report) == (max(shares) > 0.9)
+
+
 def test_part_masks_from_a_trained_workdir(reference):
   workdir, _ = reference
   masks = stage1.PartMasks.from_workdir(workdir)

@@ -1,4 +1,5 @@
-"""Periodic evaluation during training: attribute mAP/AUROC, part NMI/ARI, part-map PNGs.
+"""Periodic evaluation during training: attribute mAP/AUROC, part NMI/ARI, part shares and the
+collapse check, part-map PNGs, and the workdir's report.md.
 
 The metrics are the leakage benchmark's (metonymy/evaluation/), so training and benchmark
 numbers follow one protocol:
@@ -13,14 +14,30 @@ numbers follow one protocol:
                               keypoint, argmax over all K+1 channels (background is a cluster);
                               ground truth = the keypoint's group; pooled over the split; x100
   parts/NMI_fg, parts/ARI_fg  the same with the argmax over the K foreground channels (MPAE)
+  part_share/<k>              share of the evaluation patches (every patch of every real example)
+                              whose argmax over the K+1 maps is channel k; k = 0..K, K = background
+  part_share/max              the largest of them; part_share/max_part its channel k
+  part_share/num_empty        foreground parts that win no patch on the whole evaluation set
+  part_mass/<k>               mean soft probability of channel k over the same patches
+  collapsed                   1.0 when one channel (background included) holds more than
+                              COLLAPSE_SHARE of the patches or a foreground part is empty, else 0.0
+                              (`collapse_warnings` words the same test for the console / report.md)
+
+Stage 1 collapses by giving every patch to one channel, usually the background, which makes NMI
+and ARI exactly 0; the shares say so directly, and say it before NMI can (datasets without
+keypoints have no NMI at all).
 """
 
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from metonymy.evaluation import metrics
 from metonymy.evaluation import part_metrics
+
+# One channel above this share of the evaluation patches is a collapse (issue 12: Stage 1 gave
+# 100% of the patches to the background).
+COLLAPSE_SHARE = 0.9
 
 
 def sample_at_keypoints(maps: np.ndarray, keypoints: np.ndarray, image_hw: Sequence[int]) -> np.ndarray:
@@ -56,6 +73,64 @@ def attribute_metrics(logits: np.ndarray, labels: np.ndarray, valid: np.ndarray)
   nanmean = lambda x: float(np.nanmean(x)) if np.isfinite(x).any() else float("nan")
   return {"mAP": nanmean(ap), "AUROC": nanmean(auc),
           "bce": float(np.sum(bce * valid) / max(valid.sum(), 1))}
+
+
+def part_occupancy(maps: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+  """Per channel of maps [B, K+1, h, w]: (patches it wins by argmax, its summed soft probability),
+  float64 [K+1] each; both sum to B h w (the maps sum to 1 over channels). Ties go to the lower
+  channel, as in the argmax that NMI / ARI and the part ids use."""
+  maps = np.asarray(maps)
+  groups = maps.shape[1]
+  won = np.bincount(np.argmax(maps, axis=1).ravel(), minlength=groups).astype(np.float64)
+  mass = maps.astype(np.float64).sum(axis=(0, 2, 3))
+  return won, mass
+
+
+def part_share_scalars(won: np.ndarray, mass: np.ndarray,
+                       collapse_share: float = COLLAPSE_SHARE) -> Dict[str, float]:
+  """The part_share/*, part_mass/* and collapsed scalars (module docstring) of the counts that
+  `part_occupancy` returns, summed over the evaluation set."""
+  won, mass = np.asarray(won, np.float64), np.asarray(mass, np.float64)
+  total = won.sum()
+  if total <= 0:
+    raise ValueError("part shares of an empty evaluation set")
+  share, soft = won / total, mass / total
+  out = {f"part_share/{k}": float(v) for k, v in enumerate(share)}
+  out.update({f"part_mass/{k}": float(v) for k, v in enumerate(soft)})
+  num_empty = int(np.sum(won[:-1] == 0))
+  out.update({"part_share/max": float(share.max()), "part_share/max_part": float(np.argmax(share)),
+              "part_share/num_empty": float(num_empty),
+              "collapsed": float(share.max() > collapse_share or num_empty > 0)})
+  return out
+
+
+def part_label(k: int, num_parts: int) -> str:
+  """How report.md and the warnings name channel k of K + 1 (the last is the background)."""
+  return f"{k} (background)" if k == num_parts else str(k)
+
+
+def collapse_warnings(scalars: Mapping[str, float],
+                      collapse_share: float = COLLAPSE_SHARE) -> List[str]:
+  """One sentence per sign of collapse in evaluation scalars (without the "eval/" prefix): a
+  channel above `collapse_share` of the patches, foreground parts that win no patch. Empty when
+  the parts look healthy."""
+  shares = {int(name.rsplit("/", 1)[1]): value for name, value in scalars.items()
+            if name.startswith("part_share/") and name.rsplit("/", 1)[1].isdigit()}
+  if not shares:
+    return []
+  num_parts = max(shares)  # K: channels 0..K, the background last
+  warnings = []
+  top = max(shares, key=lambda k: (shares[k], -k))
+  if shares[top] > collapse_share:
+    warnings.append(f"Part collapse: part {part_label(top, num_parts)} takes "
+                    f"{100 * shares[top]:.1f}% of the evaluation patches (more than "
+                    f"{100 * collapse_share:g}%).")
+  empty = [k for k in range(num_parts) if shares[k] == 0]  # the background is not a part
+  if empty:
+    parts = "parts" if len(empty) > 1 else "part"
+    warnings.append(f"Empty {parts}: {parts} {', '.join(map(str, empty))} of {num_parts} "
+                    f"{'win' if len(empty) > 1 else 'wins'} no patch on the whole evaluation set.")
+  return warnings
 
 
 def part_overlay(images: np.ndarray, maps: np.ndarray, mean, std) -> np.ndarray:
@@ -97,6 +172,7 @@ def evaluate(predict: Callable[[Dict[str, np.ndarray]], Dict[str, Any]],
   labels, label_valid = [], []
   parts_all, parts_fg = [], []  # int [S, G]: the part under each keypoint, -1 if not visible
   num_parts = None
+  won = mass = 0.0  # float [K+1]: argmax wins and soft mass per channel, summed over the set
   overlay: Optional[np.ndarray] = None
   for host_batch in batches:
     out = predict(host_batch)
@@ -107,6 +183,8 @@ def evaluate(predict: Callable[[Dict[str, np.ndarray]], Dict[str, Any]],
     label_valid.append(np.asarray(out["attribute_valid"], bool)[valid])
     maps = np.asarray(out["maps"], np.float32)
     num_parts = maps.shape[1] - 1
+    batch_won, batch_mass = part_occupancy(maps[valid])
+    won, mass = won + batch_won, mass + batch_mass
     if "keypoints" in out:
       image_hw = np.shape(host_batch["image"])[1:3]
       read = sample_at_keypoints(maps[valid], np.asarray(out["keypoints"])[valid], image_hw)
@@ -135,5 +213,52 @@ def evaluate(predict: Callable[[Dict[str, np.ndarray]], Dict[str, Any]],
     scalars.update({"parts/NMI": with_bg["nmi"], "parts/ARI": with_bg["ari"],
                     "parts/NMI_fg": fg_only["nmi"], "parts/ARI_fg": fg_only["ari"],
                     "parts/num_keypoints": with_bg["num_points"]})
+  if len(labels_np):
+    scalars.update(part_share_scalars(won, mass))
   scalars["num_examples"] = float(len(labels_np))
   return {"scalars": scalars, "image": overlay}
+
+
+def _number(value: Optional[float], digits: int) -> str:
+  return "n/a" if value is None or not np.isfinite(value) else f"{value:.{digits}f}"
+
+
+def report_markdown(scalars: Mapping[str, float], warnings: Sequence[str], *, title: str,
+                    step: int, total_steps: int) -> str:
+  """The train job's report.md: one evaluation's numbers (scalars without the "eval/" prefix),
+  NMI / ARI with and without the background side by side, the per-part share table and the
+  collapse warnings."""
+  lines = [f"# {title}", "",
+           f"Evaluation at step {step} of {total_steps} on {int(scalars.get('num_examples', 0))} "
+           f"examples; every number is in this run's metrics.jsonl under `eval/` (`eval/collapsed` "
+           f"= 1.0 flags the warnings below).", "", "## Warnings", ""]
+  if warnings:
+    lines += [f"- **{w}**" for w in warnings]
+  else:
+    lines += [f"None: no part holds more than {100 * COLLAPSE_SHARE:g}% of the evaluation patches "
+              f"and every foreground part wins some."]
+  heads = [name[:-len("/mAP")] for name in scalars if name.endswith("/mAP")]
+  lines += ["", "## Attributes", "", "| Head | mAP | AUROC | BCE |", "|---|---|---|---|"]
+  lines += [f"| {h} | {_number(scalars.get(f'{h}/mAP'), 3)} | {_number(scalars.get(f'{h}/AUROC'), 3)} "
+            f"| {_number(scalars.get(f'{h}/bce'), 4)} |" for h in heads]
+  if "parts/NMI" in scalars:
+    lines += ["", f"## Parts at keypoints (x100, {int(scalars.get('parts/num_keypoints', 0))} "
+              f"visible keypoints)", "", "| Argmax over | NMI | ARI |", "|---|---|---|",
+              f"| K + 1 maps (background included) | {_number(scalars['parts/NMI'], 1)} | "
+              f"{_number(scalars['parts/ARI'], 1)} |",
+              f"| K foreground maps (MPAE) | {_number(scalars.get('parts/NMI_fg'), 1)} | "
+              f"{_number(scalars.get('parts/ARI_fg'), 1)} |"]
+  num_channels = sum(1 for name in scalars
+                     if name.startswith("part_share/") and name.rsplit("/", 1)[1].isdigit())
+  if num_channels:
+    lines += ["", "## Share of the evaluation patches per part", "",
+              "Share: patches whose argmax over the K + 1 maps is the part; soft mass: the part's "
+              "mean probability over the same patches.", "",
+              "| Part | Share | Soft mass |", "|---|---|---|"]
+    for k in range(num_channels):
+      share = scalars[f"part_share/{k}"]
+      # A rounded 0.0% would hide whether a part won a few patches or none at all.
+      shown = "0 (empty)" if share == 0 else f"{100 * share:.1f}%"
+      lines.append(f"| {part_label(k, num_channels - 1)} | {shown} | "
+                   f"{scalars[f'part_mass/{k}']:.3f} |")
+  return "\n".join(lines) + "\n"

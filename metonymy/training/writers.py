@@ -4,6 +4,7 @@
                               across resumes)
   WORKDIR/tensorboard/        event files (tensorboardX; `tensorboard --logdir WORKDIR`)
   WORKDIR/images/<name>_<step>.png
+  WORKDIR/report.md           the latest evaluation in words (`write_text`, replaced each time)
 
 Only process 0 writes; on other processes every method is a no-op.
 (`clu.metric_writers` would import TensorFlow, hence tensorboardX.)
@@ -61,6 +62,17 @@ class MetricWriter:
     path = os.path.join(self.workdir, "images", f"{name.replace('/', '_')}_{int(step):07d}.png")
     Image.fromarray(image).save(path)
     self._tb.add_image(name, image, int(step), dataformats="HWC")
+    return path
+
+  def write_text(self, name: str, text: str) -> Optional[str]:
+    """Replaces WORKDIR/<name> with `text` (written aside, then renamed: a reader or a kill never
+    sees half a file); returns the path."""
+    if not self.enabled:
+      return None
+    path = os.path.join(self.workdir, name)
+    with open(path + ".tmp", "w") as f:
+      f.write(text)
+    os.replace(path + ".tmp", path)
     return path
 
   def flush(self) -> None:
