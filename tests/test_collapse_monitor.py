@@ -151,3 +151,29 @@ def test_probe_report_shows_nmi_ari_with_and_without_the_background(tmp_path):
   text = (tmp_path / "report.md").read_text()
   assert "| with background | 0.00 | 0.00 |" in text
   assert "| foreground only | 41.25 | 27.50 |" in text
+
+
+def test_evaluate_scores_keypoints_by_their_group_in_both_nmi_variants():
+  """Groups merge by relabelling (Tables S7/S8): two wings are two points of one group. Part 0
+  covers the left half (both keypoints of group 0), part 1 the right half (group 1), so both
+  variants are perfect once the keypoints are scored by group, and not when each keypoint is its
+  own group."""
+  n = 4
+  maps = np.zeros((n, NUM_PARTS + 1, 4, 4), np.float32)
+  maps[:, 0, :, :2] = maps[:, 1, :, 2:] = 0.8
+  maps[:, 2] = maps[:, NUM_PARTS] = 0.1
+  maps[:, 0, :, 2:] = maps[:, 1, :, :2] = 0.0
+  keypoints = np.broadcast_to(np.array([[4, 4], [4, 28], [28, 4], [28, 28]], np.float32),
+                              (n, 4, 2)).copy()
+  batch = {"valid": np.ones(n, bool), "attributes": np.zeros((n, 3), np.float32),
+           "attribute_valid": np.ones((n, 3), bool), "maps": maps,
+           "logits": {"stage1": np.zeros((n, 3))}, "keypoints": keypoints,
+           "keypoint_visible": np.ones((n, 4), bool), "image": np.zeros((n, 32, 32, 3))}
+  run = lambda group: evaluate.evaluate(lambda b: b, [batch], image_mean=(0.5,) * 3,
+                                        image_std=(0.25,) * 3, num_images=0,
+                                        keypoint_group=group)["scalars"]
+  grouped = run((0, 0, 1, 1))
+  for key in ("parts/NMI", "parts/ARI", "parts/NMI_fg", "parts/ARI_fg"):
+    assert grouped[key] == pytest.approx(100.0), key
+  assert grouped["parts/num_keypoints"] == 4 * n
+  assert run(None)["parts/NMI"] < 90.0

@@ -12,7 +12,8 @@ numbers follow one protocol:
   parts/NMI, parts/ARI        PDiscoFormer's protocol against the merged keypoint groups: the maps
                               upsampled bilinearly to the image, read at the pixel of each visible
                               keypoint, argmax over all K+1 channels (background is a cluster);
-                              ground truth = the keypoint's group; pooled over the split; x100
+                              ground truth = the keypoint's group (`keypoint_group`: several
+                              keypoints may share one, Tables S7/S8); pooled over the split; x100
   parts/NMI_fg, parts/ARI_fg  the same with the argmax over the K foreground channels (MPAE)
   part_share/<k>              share of the evaluation patches (every patch of every real example)
                               whose argmax over the K+1 maps is channel k; k = 0..K, K = background
@@ -156,7 +157,7 @@ def part_overlay(images: np.ndarray, maps: np.ndarray, mean, std) -> np.ndarray:
 
 def evaluate(predict: Callable[[Dict[str, np.ndarray]], Dict[str, Any]],
              batches: Iterable[Dict[str, np.ndarray]], *, image_mean, image_std,
-             num_images: int = 8) -> Dict[str, Any]:
+             num_images: int = 8, keypoint_group: Optional[Sequence[int]] = None) -> Dict[str, Any]:
   """Runs `predict` over the evaluation batches and computes the metrics above.
 
   Args:
@@ -164,13 +165,16 @@ def evaluate(predict: Callable[[Dict[str, np.ndarray]], Dict[str, Any]],
       own `valid`, `attributes`, `attribute_valid` and, when the dataset has them, `keypoints`
       and `keypoint_visible`, for every example of the global batch (as NumPy arrays).
     batches: this process's evaluation batches (padded ones carry valid = False).
+    num_images: how many of the first images the overlay shows (0: no overlay).
+    keypoint_group: int [M], the group of each of the M keypoints
+      (`DatasetInfo.keypoint_group_ids`); None: keypoint m is group m.
 
   Returns:
     {"scalars": {name: float}, "image": uint8 overlay of the first images or None}.
   """
   logits: Dict[str, List[np.ndarray]] = {}
   labels, label_valid = [], []
-  parts_all, parts_fg = [], []  # int [S, G]: the part under each keypoint, -1 if not visible
+  parts_all, parts_fg = [], []  # int [S, M]: the part under each keypoint, -1 if not visible
   num_parts = None
   won = mass = 0.0  # float [K+1]: argmax wins and soft mass per channel, summed over the set
   overlay: Optional[np.ndarray] = None
@@ -207,9 +211,11 @@ def evaluate(predict: Callable[[Dict[str, np.ndarray]], Dict[str, Any]],
       scalars[f"{head}/{name}"] = value
   if parts_all:
     kp_all, kp_fg = np.concatenate(parts_all), np.concatenate(parts_fg)
-    with_bg = part_metrics.keypoint_nmi_ari(kp_all, num_parts, include_background=True)
+    with_bg = part_metrics.keypoint_nmi_ari(kp_all, num_parts, include_background=True,
+                                            keypoint_group=keypoint_group)
     fg_only = part_metrics.keypoint_nmi_ari(kp_all, num_parts, include_background=False,
-                                            keypoint_part_foreground=kp_fg)
+                                            keypoint_part_foreground=kp_fg,
+                                            keypoint_group=keypoint_group)
     scalars.update({"parts/NMI": with_bg["nmi"], "parts/ARI": with_bg["ari"],
                     "parts/NMI_fg": fg_only["nmi"], "parts/ARI_fg": fg_only["ari"],
                     "parts/num_keypoints": with_bg["num_points"]})
