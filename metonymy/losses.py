@@ -36,9 +36,24 @@ def attribute_bce(logits: jnp.ndarray, labels: jnp.ndarray,
   return jnp.sum(losses * valid) / jnp.maximum(jnp.sum(valid), 1.0)
 
 
+def safe_norm(x: jnp.ndarray, axis: int = -1, keepdims: bool = False) -> jnp.ndarray:
+  """|x|_2 over `axis`, with a finite gradient everywhere.
+
+  The value is jnp.linalg.norm's (the same sqrt of a sum of squares; XLA's fusion may round the
+  last bit differently). At the zero vector jnp.linalg.norm's gradient is x / |x| = 0/0 = NaN,
+  and an outer jnp.maximum(norm, eps) does not help (the chain rule still multiplies by the NaN).
+  A part whose map underflows to 0 over an image has a zero embedding, so every norm of a
+  differentiated loss goes through here: at |x| = 0 the gradient is 0 (a subgradient). The double
+  `where` keeps the unselected sqrt(0) branch out of the backward pass.
+  """
+  squared = jnp.sum(jnp.square(x), axis=axis, keepdims=keepdims)
+  nonzero = squared > 0
+  return jnp.where(nonzero, jnp.sqrt(jnp.where(nonzero, squared, 1.0)), 0.0)
+
+
 def _cosine(a: jnp.ndarray, b: jnp.ndarray, eps: float) -> jnp.ndarray:
-  """cos(a, b) over the last axis = a.b / (|a| |b| + eps)."""
-  return jnp.sum(a * b, -1) / (jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1) + eps)
+  """cos(a, b) over the last axis = a.b / (|a| |b| + eps); 0 (finite gradient) if either is 0."""
+  return jnp.sum(a * b, -1) / (safe_norm(a) * safe_norm(b) + eps)
 
 
 def background_separation(embeddings: jnp.ndarray, eps: float = 1e-8) -> jnp.ndarray:
@@ -64,7 +79,7 @@ def foreground_decorrelation(embeddings: jnp.ndarray, eps: float = 1e-6) -> jnp.
   if num_parts < 2:
     raise ValueError(f"foreground_decorrelation needs at least 2 foreground parts, got {num_parts}")
   centred = foreground - jnp.mean(foreground, axis=1, keepdims=True)
-  norms = jnp.linalg.norm(centred, axis=-1)
+  norms = safe_norm(centred)
   cos = jnp.einsum("bid,bjd->bij", centred, centred) / (norms[:, :, None] * norms[:, None, :] + eps)
   off_diagonal = 1.0 - jnp.eye(num_parts, dtype=cos.dtype)
   return jnp.mean(jnp.sum(cos ** 2 * off_diagonal, (1, 2)) / (num_parts * (num_parts - 1)))
@@ -81,7 +96,7 @@ def pdisco_orthogonality(embeddings: jnp.ndarray, eps: float = 1e-12) -> jnp.nda
     w^k = v^k / max(|v^k|, eps),   G_b = W_b W_b^T  [(K+1) x (K+1)]
     L = mean_{b,k,l} (G_b - I)_{kl}^2
   """
-  unit = embeddings / jnp.maximum(jnp.linalg.norm(embeddings, axis=-1, keepdims=True), eps)
+  unit = embeddings / jnp.maximum(safe_norm(embeddings, keepdims=True), eps)
   gram = jnp.einsum("bkd,bld->bkl", unit, unit)
   return jnp.mean((gram - jnp.eye(gram.shape[-1], dtype=gram.dtype)) ** 2)
 
