@@ -208,6 +208,15 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
   abstract_params = jax.eval_shape(model.init, rng_init, images, frozen)
   tx, schedules = optimizer.make(config.optimizer, model.param_groups(abstract_params),
                                  total_steps, batch_size)
+  decays = jax.tree_util.tree_leaves(optimizer.decay_mask(abstract_params))
+  num_decayed = sum(int(np.prod(leaf.shape)) for leaf, decayed
+                    in zip(jax.tree_util.tree_leaves(abstract_params), decays) if decayed)
+  writers.console(
+      f"Weight decay {optimizer.effective_weight_decay(config.optimizer, total_steps):.3g} "
+      f"(config.optimizer.weight_decay {config.optimizer.weight_decay}, normalized: "
+      f"{bool(config.optimizer.get('weight_decay_normalized', False))}, {total_steps} steps) on "
+      f"{num_decayed:,} of {vit.count_params(abstract_params):,} trainable parameters (2-D "
+      f"weights; no prototypes, norms, biases, prefix or position tokens).")
 
   def init_state(rng, frozen):
     params = model.init(rng, images, frozen)
