@@ -5,9 +5,12 @@
       --config.backbone.checkpoint=converted/dinov2_vitb14_reg4 \
       --config.masks.path=/data/cub_part_maps_{split}.npy
 
-Part masks: K = 8 discovered parts saved by a part-discovery model (e.g. PDiscoFormer) as
-[N, H, W] label maps (background = 8) or [N, 9, H, W] soft maps per split, for the evaluation
-crop. CUB has no val split: 20% of train is held out (by seed) to choose weight decay. The 248
+Part masks: K discovered parts saved by a part-discovery model (e.g. PDiscoFormer) as
+[N, H, W] label maps (background = K, the largest label) or [N, K + 1, H, W] soft maps
+(background channel last) per split, for the evaluation crop. K is taken from the file
+(masks.num_parts = 0; the paper's CUB analysis, Fig. S5, has 7 parts): set
+--config.masks.num_parts=K to have a file with another K refused (probe/masks.py FileMasks).
+CUB has no val split: 20% of train is held out (by seed) to choose weight decay. The 248
 attributes of Table S9 in 7 groups; K_g^+ from the contingency with the 7 merged keypoint groups.
 arg: the backbone preset used to build an architecture when no checkpoint is given (tests only).
 """
@@ -21,7 +24,7 @@ def get_config(arg: str = "vit_b14_reg4") -> ml_collections.ConfigDict:
   config = config_lib.probe_job(
       config_lib.probe_data("cub", train="train", val="", test="test", image_size=224,
                             read_threads=4),
-      config_lib.part_masks("file", num_parts=8), seeds=(0,))
+      config_lib.part_masks("file", num_parts=0), seeds=(0,))
   config.backbone = config_lib.backbone(preset=arg or "vit_b14_reg4", image_size=224)
   config.backbone_name = ""  # default: the checkpoint's folder name
   return config

@@ -107,8 +107,11 @@ def part_masks(source: str = "ground_truth", *, path: str = "", num_parts: int =
   source: "ground_truth" (synthetic part_segmentation), "file" (part maps in `path`, a .npy/.npz;
     `{split}` in the path is replaced by the split name) or "stage1" (`path` = a Stage-1
     training workdir; its model predicts the masks).
-  num_parts: K (0 = inferred from the maps); background: label of the background in integer maps,
-    "last" (= K) or "first" (= 0); part_names: comma-separated display names of the K parts.
+  num_parts: K. 0 = taken from the maps ("file": an .npz's `num_parts` entry, else soft maps'
+    channels - 1, else the largest label); any other value must match the file's K or the file
+    is refused, naming both. background: label of the background in integer maps, "last" (= K,
+    the largest label) or "first" (= 0); part_names: comma-separated display names of the K
+    parts.
   patch_rule: "plurality" or "foreground" (see masks.py).
   """
   return ml_collections.ConfigDict({

@@ -13,12 +13,21 @@ Sources (`make_source`):
                   keypoint group g), so discovered part k is ground-truth part k and K = G.
   "file"          part maps saved on disk, one per example of the split, indexed by the example's
                   `index` (its position in the split): `.npy`, or `.npz` holding one array per
-                  split (key = split name) or a single array. Either int label maps [N, H, W]
-                  (background id given by `background`: "last" = K, or "first" = 0 with parts
-                  1..K) or float soft maps [N, K + 1, H, W] with the background channel last
-                  (PDiscoFormer's order), reduced by argmax. Maps describe the backbone input (after
-                  the evaluation resize and centre crop) at any resolution; they are resized to it
-                  by nearest neighbour. `path` may contain `{split}`.
+                  split (key = split name) or a single array, and optionally an integer scalar
+                  `num_parts` (K). Either int label maps [N, H, W] (background id given by
+                  `background`: "last" = K, or "first" = 0 with parts 1..K) or float soft maps
+                  [N, K + 1, H, W] with the background channel last (PDiscoFormer's order),
+                  reduced by argmax. Maps describe the backbone input (after the evaluation resize
+                  and centre crop) at any resolution; they are resized to it by nearest
+                  neighbour. `path` may contain `{split}`.
+                  K comes from the file (`FileMasks._parts_in_file`): the `num_parts` entry of an
+                  .npz if it has one, else the channel count of soft maps minus 1, else the
+                  largest label of the label maps: with either background convention the labels
+                  are 0..K, so the largest is K (the background id itself under "last"; with a
+                  split of images, every id occurs somewhere). masks.num_parts = 0 takes that K;
+                  any other value must equal it, else the source refuses the file, naming both
+                  numbers: a 7-part map (background 7) read as K = 8 would silently turn the
+                  background into an eighth foreground part.
   "stage1"        a trained Stage-1 part-discovery model: `path` is its training workdir
                   (`Stage1Masks`).
 
@@ -204,7 +213,10 @@ def _resize_nearest(maps: np.ndarray, size: Tuple[int, int]) -> np.ndarray:
 
 
 class FileMasks:
-  """Part maps saved on disk (see the module docstring for the accepted layouts)."""
+  """Part maps saved on disk (see the module docstring for the accepted layouts and for where K
+  comes from)."""
+
+  METADATA_KEYS = ("num_parts",)  # .npz entries that are not maps.
 
   def __init__(self, path: str, split: str, num_examples: int, num_parts: int = 0,
                background: str = "last", part_names: Sequence[str] = ()):
@@ -213,49 +225,68 @@ class FileMasks:
     self.path = path.replace("{split}", split)
     self.split = split
     self.background = background
-    self.maps = self._load(self.path, split)
+    self.maps, metadata = self._load(self.path, split)
     if self.maps.shape[0] < num_examples:
       raise ValueError(f"{self.path}: {self.maps.shape[0]} part maps for the {num_examples} "
                        f"examples of split {split!r}")
     self.soft = np.issubdtype(self.maps.dtype, np.floating)
-    if self.soft:
-      if self.maps.ndim != 4:
-        raise ValueError(f"{self.path}: float part maps must be [N, K + 1, H, W], got "
-                         f"{self.maps.shape}")
-      inferred = self.maps.shape[1] - 1
-    else:
-      if self.maps.ndim != 3:
-        raise ValueError(f"{self.path}: integer part maps must be [N, H, W], got {self.maps.shape}")
-      # Background "last": labels 0..K with K the background; "first": 0 and parts 1..K. Either
-      # way the largest label is K (when the background occurs at all).
-      inferred = int(self.maps.max())
-    if num_parts and self.soft and num_parts != inferred:
-      raise ValueError(f"{self.path}: soft maps have {inferred + 1} channels but masks.num_parts "
-                       f"is {num_parts} (expected {num_parts + 1} channels, background last)")
-    if num_parts and not self.soft and inferred > num_parts:
-      raise ValueError(f"{self.path}: label maps hold label {inferred} > masks.num_parts "
-                       f"{num_parts} (background={background!r})")
-    self.num_parts = int(num_parts or inferred)
+    if self.soft and self.maps.ndim != 4:
+      raise ValueError(f"{self.path}: float part maps must be [N, K + 1, H, W], got "
+                       f"{self.maps.shape}")
+    if not self.soft and self.maps.ndim != 3:
+      raise ValueError(f"{self.path}: integer part maps must be [N, H, W], got {self.maps.shape}")
+    in_file, where = self._parts_in_file(metadata)
+    if num_parts and num_parts != in_file:
+      raise ValueError(
+          f"{self.path}: {where} but masks.num_parts is {num_parts}: K = {in_file} foreground "
+          f"parts in the file, {num_parts} in the config. Set masks.num_parts=0 to take K from "
+          f"the file, or masks.num_parts={in_file}.")
+    self.num_parts = int(in_file)
     if self.num_parts < 1:
-      raise ValueError(f"{self.path}: no foreground part found; set masks.num_parts")
+      raise ValueError(f"{self.path}: no foreground part found ({where})")
     self.part_names = tuple(part_names) or tuple(f"P{k}" for k in range(self.num_parts))
     if len(self.part_names) != self.num_parts:
       raise ValueError(f"masks.part_names has {len(self.part_names)} names for {self.num_parts} "
                        f"parts")
 
-  @staticmethod
-  def _load(path: str, split: str) -> np.ndarray:
+  def _parts_in_file(self, metadata: Mapping[str, np.ndarray]) -> Tuple[int, str]:
+    """(K, a clause saying how it was found): the .npz's `num_parts` entry, else the soft maps'
+    channel count minus 1, else the largest label of the label maps (labels are 0..K under
+    either background convention). Label maps holding a label above a recorded K are refused."""
+    largest = None if self.soft else int(self.maps.max(initial=0))
+    if "num_parts" in metadata:
+      recorded = int(np.asarray(metadata["num_parts"]))
+      channels = self.maps.shape[1] - 1 if self.soft else None
+      if channels is not None and channels != recorded:
+        raise ValueError(f"{self.path}: num_parts entry {recorded} but soft maps with "
+                         f"{channels + 1} channels (K + 1 expected, background last)")
+      if largest is not None and largest > recorded:
+        raise ValueError(f"{self.path}: num_parts entry {recorded} but a label {largest} in the "
+                         f"maps (labels must lie in [0, {recorded}])")
+      return recorded, f"its num_parts entry is {recorded}"
+    if self.soft:
+      return self.maps.shape[1] - 1, f"soft maps have {self.maps.shape[1]} channels"
+    if self.background == "last":
+      return largest, (f"the label maps' largest label is {largest} (the background id, "
+                       f"masks.background='last')")
+    return largest, (f"the label maps' largest label is {largest} (background 0, parts "
+                     f"1..{largest}, masks.background='first')")
+
+  @classmethod
+  def _load(cls, path: str, split: str) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
+    """(maps, metadata entries of an .npz)."""
     if not os.path.isfile(path):
       raise FileNotFoundError(f"part maps not found: {path} (masks.path)")
     if path.endswith(".npy"):
-      return np.load(path, mmap_mode="r")
+      return np.load(path, mmap_mode="r"), {}
     if path.endswith(".npz"):
       archive = np.load(path)
-      keys = list(archive.keys())
+      metadata = {k: archive[k] for k in cls.METADATA_KEYS if k in archive.files}
+      keys = [k for k in archive.files if k not in cls.METADATA_KEYS]
       if split in keys:
-        return archive[split]
+        return archive[split], metadata
       if len(keys) == 1:
-        return archive[keys[0]]
+        return archive[keys[0]], metadata
       raise ValueError(f"{path}: no array named {split!r} (arrays: {keys})")
     raise ValueError(f"part maps must be a .npy or .npz file, got {path}")
 
