@@ -1,6 +1,11 @@
-"""Two-stage part discovery on celeba with hard masks: argmax block-diagonal cliques (zero leakage, no gradient to Stage 1).
+"""Two-stage part discovery on celeba with hard masks: argmax block-diagonal cliques (zero leakage).
 
   python -m metonymy.main --config=configs/celeba_hard.py[:runlocal] --workdir=DIR
+
+Stage 1 gets Stage 2's gradient through the selected patches only (model.stage2.hard_gradient
+"selected", the default: paper Appendix F, a part can shrink but not grow; Table 3's hard row
+improves part discovery over single-stage, which needs that gradient). The main text's reading,
+no gradient to Stage 1: --config.model.stage2.hard_gradient=none.
 
 Everything but the model comes from configs/celeba_single.py (same data, K, losses, schedule).
 """

@@ -314,12 +314,24 @@ def shrink_for_cpu(config: ml_collections.ConfigDict, image_size: int = 32,
 
 
 def two_stage(config: ml_collections.ConfigDict, mask: str, feature: str = "cls",
-              ste_scope: str = "layer") -> ml_collections.ConfigDict:
+              ste_scope: str = "layer",
+              hard_gradient: str = "selected") -> ml_collections.ConfigDict:
   """Turns a single-stage training config into the two-stage model with `mask` in
   {"soft", "hard", "ste"} (paper §4.0.2). Stage 2's ViT starts from the backbone's weights and
-  trains at the optimizer's "backbone" rate (2e-6 at batch 64); the loss is eq. 9 unchanged."""
+  trains at the optimizer's "backbone" rate (2e-6 at batch 64); the loss is eq. 9 unchanged.
+
+  hard_gradient (hard masks only; models/two_stage.py Stage2): "selected", the default, is
+  Appendix F's reading: in training every layer weights a patch in its part's clique by
+  a_k / SG(a_k), so the forward stays the hard one bit for bit (zero leakage) and Stage 1's
+  maps get a gradient through the selected part of each patch only: Stage 2 can shrink a part,
+  not grow it. It is the default because Table 3's hard row improves part discovery over
+  single-stage, which needs a gradient into Stage 1. "none" is the main text's reading (§4.0.2:
+  the argmax blocks the gradient): Stage 1 then learns from its own losses alone, as single-stage.
+  """
   if mask not in ("soft", "hard", "ste"):
     raise ValueError(f"Stage-2 mask must be 'soft', 'hard' or 'ste', got {mask!r}")
+  if hard_gradient not in ("selected", "none"):
+    raise ValueError(f"Stage-2 hard_gradient must be 'selected' or 'none', got {hard_gradient!r}")
   config = ml_collections.ConfigDict(config.to_dict())
   config.model.name = "two_stage"
   # drop_background: at inference, hard / STE Stage 2 skips the background group (bit-identical
@@ -327,6 +339,7 @@ def two_stage(config: ml_collections.ConfigDict, mask: str, feature: str = "cls"
   # attention under hard masks.
   config.model.stage2 = ml_collections.ConfigDict({"mask": mask, "feature": feature,
                                                   "ste_scope": ste_scope,
+                                                  "hard_gradient": hard_gradient,
                                                   "drop_background": True,
                                                   "attention_tiles": 0})
   return config

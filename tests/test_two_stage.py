@@ -1,5 +1,6 @@
 """Two-stage model (issue: two-stage): zero leakage of hard and STE streams, STE's exact hard
-forward and soft gradient, soft's measurable leakage, and 1 vs 8 devices for three training steps."""
+forward and soft gradient, hard masks' gradient through the selected parts only (Appendix F) or
+none, soft's measurable leakage, and 1 vs 8 devices for three training steps."""
 
 import json
 import os
@@ -14,6 +15,7 @@ import pytest
 from metonymy import config_lib
 from metonymy import losses
 from metonymy import train
+from metonymy.models import attention_masks
 from metonymy.models import stage1 as stage1_lib
 from metonymy.models import two_stage
 from metonymy.models import vit
@@ -27,12 +29,12 @@ CONFIG = vit.ViTConfig(patch_size=4, width=32, depth=2, num_heads=2, mlp_dim=64,
                        pos_embed_grid=(6, 6), num_registers=1, image_size=24)
 
 
-def _stage2_setup(mask, seed=0):
+def _stage2_setup(mask, seed=0, **options):
   keys = jax.random.split(jax.random.PRNGKey(seed), 4)
   images = jax.random.normal(keys[0], (2, 24, 24, 3))
   logits = 3.0 * jax.nn.one_hot(jax.random.randint(keys[1], (2, 36), 0, K + 1), K + 1)
   probs = jax.nn.softmax(logits + jax.random.normal(keys[2], logits.shape), -1)
-  module = two_stage.Stage2(CONFIG, num_parts=K, num_attributes=A, mask=mask)
+  module = two_stage.Stage2(CONFIG, num_parts=K, num_attributes=A, mask=mask, **options)
   params = module.init(keys[3], images, probs)["params"]
   return module, params, images, probs
 
@@ -43,9 +45,11 @@ def _outside(probs, k):
   return (jnp.repeat(jnp.repeat(ids, 4, 1), 4, 2) != k)[..., None]
 
 
-@pytest.mark.parametrize("mask", ["hard", "ste"])
-def test_other_parts_pixels_leave_part_features_and_scores_bit_identical(mask):
-  module, params, images, probs = _stage2_setup(mask)
+@pytest.mark.parametrize("mask,hard_gradient", [("hard", "selected"), ("hard", "none"),
+                                               ("ste", "selected")])
+def test_other_parts_pixels_leave_part_features_and_scores_bit_identical(mask, hard_gradient):
+  # train=True: hard masks' "selected" gradient path is the one that runs.
+  module, params, images, probs = _stage2_setup(mask, hard_gradient=hard_gradient)
   apply = jax.jit(lambda x: module.apply({"params": params}, x, probs))
   reference = apply(images)
   noise = 5.0 * jax.random.normal(jax.random.PRNGKey(9), images.shape)
@@ -98,20 +102,70 @@ def test_soft_masks_leak_measurably():
   assert change > 1e-3, change
 
 
-def _two_stage_model(mask, scope="layer"):
+def _two_stage_model(mask, scope="layer", hard_gradient="selected"):
   backbone = vit.VisionTransformer(CONFIG)
   frozen = backbone.init(jax.random.PRNGKey(1), jnp.zeros((1, 24, 24, 3)))["params"]
   stage1 = stage1_lib.Stage1(backbone, stage1_lib.Stage1Head(num_parts=K, num_attributes=A))
-  stage2 = two_stage.Stage2(CONFIG, num_parts=K, num_attributes=A, mask=mask, ste_scope=scope)
+  stage2 = two_stage.Stage2(CONFIG, num_parts=K, num_attributes=A, mask=mask, ste_scope=scope,
+                            hard_gradient=hard_gradient)
   model = two_stage.TwoStage(stage1, stage2)
   images = jax.random.normal(jax.random.PRNGKey(2), (2, 24, 24, 3))
   return model, model.init(jax.random.PRNGKey(3), images, frozen), frozen, images
 
 
-@pytest.mark.parametrize("mask,scope,flows", [("hard", "layer", False), ("soft", "layer", True),
-                                              ("ste", "layer", True), ("ste", "stream", True)])
-def test_stage2_gradient_reaches_stage1_prototypes_unless_hard(mask, scope, flows):
-  model, params, frozen, images = _two_stage_model(mask, scope)
+def test_hard_selected_gradient_keeps_the_hard_forward_exactly():
+  none, params, images, probs = _stage2_setup("hard", hard_gradient="none")
+  selected = none.clone(hard_gradient="selected")
+  a = none.apply({"params": params}, images, probs)  # train=True: the gated path runs.
+  b = selected.apply({"params": params}, images, probs)
+  for key in ("part_features", "part_scores", "logits"):
+    np.testing.assert_array_equal(np.asarray(a[key]), np.asarray(b[key]))
+  # Its bias is the hard block bias value for value (0 in a clique, the floor across cliques), so
+  # the gated attention whose gradient the backward pass takes is the hard attention too.
+  ids = jnp.argmax(probs, -1)
+  bias = attention_masks.selected_part_attention_bias(probs, ids, CONFIG.num_prefix)
+  block = attention_masks.block_attention_bias(
+      attention_masks.early_masking_group_ids(ids, K, CONFIG.num_prefix))
+  np.testing.assert_array_equal(np.asarray(bias), np.asarray(block))
+
+
+def _stage2_map_gradient(module, params, images, probs, labels):
+  """d(Stage-2 attribute loss)/d(Stage-1 maps) [B, K+1, 6, 6], maps on Stage 2's grid."""
+  maps = jnp.moveaxis(probs, -1, 1).reshape(2, K + 1, 6, 6)
+
+  def loss(maps):
+    part_probs = two_stage.maps_to_patch_grid(maps, (6, 6))
+    out = module.apply({"params": params}, images, part_probs, train=True)
+    return losses.attribute_bce(out["logits"], labels, jnp.ones_like(labels, bool))
+  return np.asarray(jax.grad(loss)(maps))
+
+
+@pytest.mark.parametrize("tiles", [0, 8])
+def test_hard_gradient_reaches_the_selected_part_of_each_patch_only(tiles):
+  """Appendix F: with hard masks the gradient flows through the selected tokens only. The
+  attended layout (natural, or sorted and tiled) does not change that."""
+  module, params, images, probs = _stage2_setup("hard", attention_tiles=tiles)
+  labels = (jax.random.uniform(jax.random.PRNGKey(4), (2, A)) > 0.5).astype(jnp.float32)
+  grads = _stage2_map_gradient(module, params, images, probs, labels)
+  selected = np.asarray(jax.nn.one_hot(jnp.argmax(probs, -1), K + 1, axis=1)).reshape(grads.shape)
+  selected = selected.astype(bool)
+  assert not np.any(grads[~selected])  # Exactly zero: no signal to grow another part.
+  # Every patch of a foreground part gets a signal. The background's stream never reaches the
+  # attribute head, so its patches get none.
+  foreground = selected & (np.arange(K + 1) < K)[None, :, None, None]
+  assert np.all(grads[foreground] != 0), np.sum(grads[foreground] == 0)
+  assert not np.any(grads[selected & ~foreground])
+  none = module.clone(hard_gradient="none")
+  assert not np.any(_stage2_map_gradient(none, params, images, probs, labels))
+
+
+@pytest.mark.parametrize("mask,scope,hard_gradient,flows", [
+    ("hard", "layer", "none", False), ("hard", "layer", "selected", True),
+    ("soft", "layer", "selected", True), ("ste", "layer", "selected", True),
+    ("ste", "stream", "selected", True)])
+def test_stage2_gradient_reaches_stage1_unless_hard_masks_send_none(mask, scope, hard_gradient,
+                                                                     flows):
+  model, params, frozen, images = _two_stage_model(mask, scope, hard_gradient)
   labels = (jax.random.uniform(jax.random.PRNGKey(4), (2, A)) > 0.5).astype(jnp.float32)
 
   def stage2_loss(params):
@@ -121,6 +175,8 @@ def test_stage2_gradient_reaches_stage1_prototypes_unless_hard(mask, scope, flow
   grads = jax.grad(stage2_loss)(params)
   norm = float(jnp.linalg.norm(grads["stage1"]["prototypes"]))
   assert (norm > 0.0) == flows, norm
+  if not flows:  # Every Stage-1 parameter, exactly.
+    assert not any(np.any(np.asarray(g)) for g in jax.tree_util.tree_leaves(grads["stage1"]))
   # Stage 2's own ViT always learns; the frozen backbone is not in `params` at all.
   assert float(jnp.linalg.norm(grads["stage2"]["backbone"]["blocks_0"]["mlp"]["fc1"]["kernel"])) > 0
 
@@ -177,6 +233,16 @@ for mask in ("soft", "hard", "ste"):
   out[mask] = t._step_losses({workdir!r} + "/" + mask)
 print("RESULT " + json.dumps(out))
 """
+
+
+def test_hard_configs_send_the_selected_gradient_unless_told_none():
+  config = _config("hard")
+  assert config.model.stage2.hard_gradient == "selected"
+  assert two_stage.build(config, A)[0].stage2.hard_gradient == "selected"
+  config.model.stage2.hard_gradient = "none"
+  assert two_stage.build(config, A)[0].stage2.hard_gradient == "none"
+  with pytest.raises(ValueError, match="hard_gradient"):
+    config_lib.two_stage(_config("hard"), "hard", hard_gradient="stop")
 
 
 @pytest.mark.slow

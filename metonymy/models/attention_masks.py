@@ -76,6 +76,42 @@ def soft_group_attention_bias(patch_part_probs: jnp.ndarray, num_prefix: int,
   return jnp.log(affinity + eps)[:, None]
 
 
+def selected_part_attention_bias(patch_part_probs: jnp.ndarray, part_ids: jnp.ndarray,
+                                 num_prefix: int) -> jnp.ndarray:
+  """Hard masks whose gradient reaches the selected parts only (Stage 2, "hard" with
+  hard_gradient="selected"; paper Appendix F).
+
+  Each patch j sits in the clique of its selected part k = part_ids[j], and every query of that
+  clique weights key j by a_k(j) / SG(a_k(j)): the additive log-weight
+  log a_k(j) - SG(log a_k(j)), which is exactly 0 in the forward pass. The bias therefore equals
+  `block_attention_bias` value for value (0 inside a clique, the floor across cliques), while its
+  gradient reaches a_k(j) for k = part_ids[j] and no other entry of a: Stage 2 can tell Stage 1
+  that a patch should leave its part (shrink it), never that a patch should join another part.
+  The weight is a_k / SG(a_k) rather than the soft masks' a_k so that its value is 1 (the hard
+  forward, bit for bit); its gradient is the relative one, d log a_k(j). Prefix keys have
+  weight 1.
+
+  Args:
+    patch_part_probs: [B, N, K + 1] probabilities over parts (rows sum to 1).
+    part_ids: int [B, N], the selected part of every patch (the argmax of patch_part_probs,
+      exactly the ids the hard mask is built from).
+    num_prefix: P, prefix tokens per copy.
+
+  Returns:
+    float [B, 1, L, L] with L = (K + 1) * P + N, in patch_part_probs' dtype.
+  """
+  batch, _, groups = patch_part_probs.shape
+  dtype = patch_part_probs.dtype
+  selected = jnp.take_along_axis(patch_part_probs, part_ids[..., None], axis=-1)[..., 0]  # [B, N]
+  # The argmax of a probability row is at least 1/(K+1); the floor only keeps the log of a
+  # degenerate all-zero row finite (-inf - -inf would put a NaN into the forward pass).
+  log_selected = jnp.log(jnp.maximum(selected, jnp.finfo(dtype).tiny))
+  log_weight = log_selected - jax.lax.stop_gradient(log_selected)  # Exactly 0 forward.
+  key_log_weight = jnp.concatenate([jnp.zeros((batch, groups * num_prefix), dtype), log_weight], 1)
+  mask = block_attention_mask(early_masking_group_ids(part_ids, groups - 1, num_prefix))
+  return jnp.where(mask, key_log_weight[:, None, None, :], jnp.finfo(dtype).min)
+
+
 def check_part_ids(part_ids: jnp.ndarray, num_parts: int) -> Optional[str]:
   """Returns an error message if concrete part ids fall outside [0, num_parts], else None."""
   if isinstance(part_ids, jax.core.Tracer):

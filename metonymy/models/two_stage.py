@@ -4,7 +4,12 @@
   Stage 2: a second ViT, initialised from the same weights and trainable, runs the early-masked
     forward: K+1 prefix copies, part k's copy and part k's patches form an isolated clique.
     The clique mask comes from A on Stage 2's patch grid (bilinearly resized if the grids differ):
-      hard: argmax part per patch -> boolean block mask. Zero leakage, no gradient to Stage 1.
+      hard: argmax part per patch -> boolean block mask. Zero leakage. Its gradient to Stage 1
+            (hard_gradient) is Appendix F's by default, "selected": every layer weights patch j
+            in its part k's clique by a_k(j) / SG(a_k(j)) (value 1: the hard forward bit for bit),
+            so the gradient reaches a_k(j) of the selected part only, and Stage 2 can shrink a
+            part but not grow it (on Stage 2's grid: a bilinear resize spreads it over Stage
+            1's neighbouring entries). "none": the main text's reading, no gradient to Stage 1.
       soft: additive bias log sum_k a_i^k a_j^k (attention_masks.soft_group_attention_bias).
             Differentiable, but every part sees every patch a little: it leaks.
       ste:  per attention layer SG(H_hard) + H_soft - SG(H_soft): the forward is the hard one
@@ -16,6 +21,8 @@ Why STE per layer rather than once for the whole stream: once-per-stream needs a
 forward beside the hard one (two Stage-2 passes), while per layer shares the qkv projections,
 the MLPs and the attention scores, adding one softmax-weighted sum per layer. Both give an exact
 hard forward; `python -m metonymy.bench two_stage` measures the cost against hard and soft.
+Hard masks' "selected" gradient runs the same per-layer combination (with its own bias), so a
+hard training step costs what an STE one does; hard_gradient="none" is the cheaper one.
 
 The model follows the trainer's interface (models/stage1.py docstring): `out["logits"]` holds
 "stage1" and "stage2", so the objective sums both attribute losses with the priors (eq. 9), and
@@ -33,6 +40,7 @@ from metonymy.models import stage1 as stage1_lib
 from metonymy.models import vit
 
 MASKS = ("soft", "hard", "ste")
+HARD_GRADIENTS = ("selected", "none")
 FEATURES = ("cls", "cls_registers")
 
 
@@ -60,6 +68,13 @@ class Stage2(nn.Module):
     feature: "cls" or "cls_registers" (mean of each part's CLS and register tokens).
     ste_scope: where STE combines hard and soft: "layer" (every attention layer's output, the
       default) or "stream" (the final tokens of a full hard and a full soft pass).
+    hard_gradient: what hard masks send Stage 1 in training: "selected" (the default; paper
+      Appendix F and Table 3's hard row, which improves part discovery over single-stage and so
+      needs a gradient into Stage 1): the gradient of the selected parts' probabilities only,
+      through attention_masks.selected_part_attention_bias, run as STE runs its soft path
+      (SG(H_hard) + H_gated - SG(H_gated) per layer: the forward is the hard one bit for bit,
+      at STE's cost). "none": the main text's reading (§4.0.2), no gradient to Stage 1.
+      Inference runs plain hard masks either way (no backward pass to feed).
     drop_background: at inference (train=False) with hard or STE masks, skip the background
       group: the foreground's features and scores are bit-identical, the background's features
       are zeros, and Stage 2 costs K P + N_fg tokens instead of (K + 1) P + N
@@ -73,6 +88,7 @@ class Stage2(nn.Module):
   mask: str = "ste"
   feature: str = "cls"
   ste_scope: str = "layer"  # "layer" (per attention layer) or "stream" (whole-stream outputs).
+  hard_gradient: str = "selected"  # "selected" (Appendix F) or "none"; hard masks only.
   drop_background: bool = True
   attention_tiles: int = 0
   attention_impl: Optional[str] = None  # VisionTransformer.attention_impl ("cudnn" on GPUs).
@@ -85,12 +101,16 @@ class Stage2(nn.Module):
     """images [B, H, W, 3]; part_probs [B, N, K+1] on Stage 2's patch grid (rows sum to 1).
 
     With train=False, STE runs the hard masks alone: its forward is the hard one bit for bit
-    (tests/test_two_stage.py), and without a backward pass the soft half is dead weight.
+    (tests/test_two_stage.py), and without a backward pass the soft half is dead weight. The
+    same holds for hard masks' "selected" gradient, so inference may drop the background.
     """
     if self.mask not in MASKS:
       raise ValueError(f"stage2 mask must be one of {MASKS}, got {self.mask!r}")
     if self.feature not in FEATURES:
       raise ValueError(f"stage2 feature must be one of {FEATURES}, got {self.feature!r}")
+    if self.hard_gradient not in HARD_GRADIENTS:
+      raise ValueError(f"stage2 hard_gradient must be one of {HARD_GRADIENTS}, "
+                       f"got {self.hard_gradient!r}")
     model = vit.VisionTransformer(self.backbone, dtype=self.dtype,
                                   attention_impl=self.attention_impl,
                                   attention_tiles=self.attention_tiles, name="backbone")
@@ -98,7 +118,14 @@ class Stage2(nn.Module):
     part_ids = jnp.argmax(jax.lax.stop_gradient(part_probs), axis=-1).reshape((-1,) + grid)
     run = lambda **kwargs: model(images, part_ids=part_ids, num_parts=self.num_parts,
                                  **kwargs)["part_tokens"]                     # [B, K+1, P, D]
-    if self.mask == "hard" or (self.mask == "ste" and not train):
+    if self.mask == "hard" and train and self.hard_gradient == "selected":
+      # The dense [L, L] bias carries the backward pass, so with attention_tiles > 0 this path
+      # attends densely, as STE's does (equal to the tiled forward to rounding:
+      # tests/test_block_sparse.py); zero leakage holds either way.
+      bias = attention_masks.selected_part_attention_bias(
+          part_probs, part_ids.reshape(part_ids.shape[0], -1), self.backbone.num_prefix)
+      tokens = run(straight_through_bias=bias)
+    elif self.mask == "hard" or (self.mask == "ste" and not train):
       tokens = run(drop_background=self.drop_background and not train)
     else:
       bias = attention_masks.soft_group_attention_bias(part_probs, self.backbone.num_prefix)
@@ -182,6 +209,7 @@ def build(config, num_attributes: int) -> Tuple[TwoStage, Any]:
                   num_attributes=num_attributes, mask=config.model.stage2.mask,
                   feature=config.model.stage2.feature,
                   ste_scope=config.model.stage2.get("ste_scope", "layer"),
+                  hard_gradient=config.model.stage2.get("hard_gradient", "selected"),
                   drop_background=config.model.stage2.get("drop_background", True),
                   attention_tiles=config.model.stage2.get("attention_tiles", 0),
                   attention_impl=config.backbone.get("attention_impl") or None,
