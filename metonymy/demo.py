@@ -33,13 +33,20 @@ import math
 import os
 import platform
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import ml_collections
 import numpy as np
 
 README_BEGIN = "<!-- demo:results:begin -->"
 README_END = "<!-- demo:results:end -->"
+# One row per world seed, each written by the demo run on that world.
+SEEDS_BEGIN = "<!-- demo:seeds:begin -->"
+SEEDS_END = "<!-- demo:seeds:end -->"
+SEEDS_HEADER = ["world seed", "stand-in CLS mAP (val)", "PS late / early", "single mAP",
+                "single NMI / ARI", "two-stage STE stage-2 mAP", "ensemble mAP",
+                "two-stage NMI / ARI", "largest part share (single / two-stage)",
+                "chance mAP", "wall time"]
 BACKBONE_DIR = "backbone"
 BENCHMARK_DIR = "benchmark"
 TRAIN_DIRS = {"single": "single", "two_stage": "two_stage_ste"}
@@ -51,7 +58,10 @@ def run(config, workdir: str) -> Dict:
     return run_story(config, workdir)
   if mode == "correlation_sweep":
     return run_sweep(config, workdir)
-  raise ValueError(f"config.mode must be 'story' or 'correlation_sweep', got {mode!r}")
+  if mode == "stand_in":
+    return run_stand_in(config, workdir)
+  raise ValueError(f"config.mode must be 'story', 'correlation_sweep' or 'stand_in', got "
+                   f"{mode!r}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -99,16 +109,71 @@ def _with_world(sub: ml_collections.ConfigDict, world) -> ml_collections.ConfigD
   return sub
 
 
-def pretrained_backbone(config, workdir: str, world) -> str:
-  """Step 1: the converted backbone folder the rest of the demo uses.
+ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
+STAND_IN_FILE = "stand_in"  # DIR/backbone/stand_in.{npz,json}: the heads and the record
 
-  A given checkpoint (config.benchmark.backbone.checkpoint) is used as is; DIR/backbone is
-  reused when present; otherwise config.backbone is initialised with config.seed, pretrained
-  for config.backbone_pretraining.steps on the world's training split and saved there.
-  """
+
+def shipped_stand_in(world_seed: int) -> str:
+  """Path prefix of the stand-in shipped for a world seed (it may not exist)."""
+  return os.path.join(ASSETS, f"demo_stand_in_world{int(world_seed)}")
+
+
+def stand_in_recipe(config, world) -> Dict:
+  """Everything the stand-in is a function of: architecture, init seed, pretraining options and
+  the world its training images come from (the val/test sizes do not matter)."""
+  pre = {k: v for k, v in config.backbone_pretraining.to_dict().items() if k != "shipped"}
+  world = world.to_dict() if hasattr(world, "to_dict") else dict(world)
+  world = dict(world, splits={"train": int(dict(world["splits"])["train"])})
+  return json.loads(json.dumps({"arch": config.backbone.arch.to_dict(), "preset":
+                                config.backbone.preset, "seed": int(config.seed),
+                                "pretraining": pre, "world": world}))
+
+
+def pretrain_stand_in(config, world):
+  """(vit_config, pretrain.Pretrained, record): config.backbone initialised with config.seed and
+  pretrained on the world's training split (probe/pretrain.py)."""
   from metonymy import config_lib
-  from metonymy.checkpoints import store
   from metonymy.probe import benchmark
+  from metonymy.probe import job as probe_job
+  from metonymy.probe import pretrain
+  model, params, vit_config = config_lib.build_backbone(config.backbone, int(config.seed))
+  pre = config.backbone_pretraining
+  data_cfg = _with_world(config.benchmark, world).data
+  source, _, _ = benchmark.open_split(data_cfg, data_cfg.train, 0)
+  print(f"[demo] pretraining a ViT (patch {vit_config.patch_size}, width {vit_config.width}, "
+        f"depth {vit_config.depth}) at {vit_config.image_size} px for {int(pre.steps)} steps on "
+        f"{min(int(pre.images), len(source))} training images", flush=True)
+  transforms = benchmark.eval_transforms(vit_config, data_cfg)
+  trained = pretrain.pretrain(model, params, source, transforms, seed=int(config.seed),
+                              **probe_job.pretrain_options(pre))
+  record = {"recipe": stand_in_recipe(config, world),
+            "command": "python -m metonymy.main --config=configs/demo.py:stand_in "
+                       f"--config.world.seed={int(world.seed)} --workdir=DIR",
+            "date": datetime.datetime.now().isoformat(timespec="seconds")}
+  return vit_config, trained, record
+
+
+def stand_in_quality(config, world, vit_config, params, heads) -> Dict:
+  """The stand-in's own attribute mAP (CLS head, part read-out head) on the world's `val`
+  images, beside the constant predictor's."""
+  from metonymy.models import vit
+  from metonymy.probe import benchmark
+  from metonymy.probe import pretrain
+  data_cfg = _with_world(config.benchmark, world).data
+  source, _, _ = benchmark.open_split(data_cfg, data_cfg.val, 0)
+  return pretrain.head_quality(vit.VisionTransformer(vit_config), params, heads, source,
+                               benchmark.eval_transforms(vit_config, data_cfg))
+
+
+def pretrained_backbone(config, workdir: str, world) -> Tuple[str, Optional[Dict]]:
+  """Step 1: (the converted backbone folder the rest of the demo uses, its record or None).
+
+  A given checkpoint (config.benchmark.backbone.checkpoint) is used as is. Otherwise the stand-in
+  is DIR/backbone when present (a rerun), else the shipped one when made by this very recipe
+  (config.backbone_pretraining.shipped), else pretrained here; its record (recipe, loss curve,
+  and its quality on `val`, measured in this run) goes beside it.
+  """
+  from metonymy.checkpoints import store
   from metonymy.probe import pretrain
 
   given = config.benchmark.backbone.checkpoint
@@ -116,35 +181,58 @@ def pretrained_backbone(config, workdir: str, world) -> str:
     if not os.path.exists(given):
       raise FileNotFoundError(f"config.benchmark.backbone.checkpoint={given!r} does not exist.")
     print(f"[demo] using the given backbone {given}; no pretraining", flush=True)
-    return given
+    return given, None
   path = os.path.join(workdir, BACKBONE_DIR)
-  if store.is_converted(path):
+  prefix = os.path.join(path, STAND_IN_FILE)
+  recipe = stand_in_recipe(config, world)
+  if store.is_converted(path) and os.path.exists(prefix + ".json"):
     print(f"[demo] reusing the backbone pretrained earlier in {path}", flush=True)
-    return path
-  model, params, vit_config = config_lib.build_backbone(config.backbone, int(config.seed))
-  pre = config.backbone_pretraining
-  steps = int(pre.steps)
-  if steps > 0:
-    data_cfg = _with_world(config.benchmark, world).data
-    source, _, _ = benchmark.open_split(data_cfg, data_cfg.train, 0)
-    print(f"[demo] pretraining a ViT (patch {vit_config.patch_size}, width {vit_config.width}, "
-          f"depth {vit_config.depth}) at {vit_config.image_size} px for {steps} steps on "
-          f"{min(int(pre.images), len(source))} training images", flush=True)
-    transforms = benchmark.eval_transforms(vit_config, data_cfg)
-    params = pretrain.pretrain(model, params, source, transforms, steps=steps,
-                               batch_size=int(pre.batch_size),
-                               learning_rate=float(pre.learning_rate), images=int(pre.images),
-                               seed=int(config.seed))
+    vit_config, params, heads, record = pretrain.load_stand_in(prefix)
   else:
-    print("[demo] backbone_pretraining.steps = 0: the backbone keeps its random weights",
-          flush=True)
-  source_note = (f"demo: random init of {config.backbone.preset} (seed {config.seed}) + "
-                 f"{steps} supervised pretraining steps on the synthetic world "
-                 f"(correlation {world.correlation:g})")
-  store.save_converted(path, vit_config, params, source=source_note)
-  print(f"[demo] saved the backbone to {path} (a converted folder: "
-        f"--config.backbone.checkpoint={path} works in every config)", flush=True)
-  return path
+    shipped = shipped_stand_in(world.seed)
+    record = None
+    if config.backbone_pretraining.get("shipped") and os.path.exists(shipped + ".json"):
+      vit_config, params, heads, record = pretrain.load_stand_in(shipped)
+      if record.get("recipe") == recipe:
+        print(f"[demo] using the stand-in shipped in {shipped}.npz (made by this recipe: "
+              f"{record['command']})", flush=True)
+        record = dict(record, source=os.path.relpath(shipped, ASSETS))
+      else:
+        print(f"[demo] the shipped stand-in {shipped} was made by another recipe; "
+              "pretraining one here", flush=True)
+        record = None
+    if record is None:
+      vit_config, trained, record = pretrain_stand_in(config, world)
+      params, heads = trained.params, trained.heads
+      record["source"] = "pretrained in this run"
+    quality = stand_in_quality(config, world, vit_config, params, heads)
+    record = dict(record, quality_val=quality)
+    store.save_converted(path, vit_config, params, source=f"demo stand-in: {record['source']}")
+    trained = pretrain.Pretrained(params, heads, record.pop("loss_history", []),
+                                  record.pop("seconds", 0.0))
+    pretrain.save_stand_in(prefix, vit_config, trained, record)
+    print(f"[demo] saved the backbone to {path} (a converted folder: "
+          f"--config.backbone.checkpoint={path} works in every config)", flush=True)
+  quality = record.get("quality_val") or {}
+  print(f"[demo] the stand-in's own attribute mAP on val: CLS head "
+        f"{_fmt(quality.get('cls/mAP'))}, part read-out {_fmt(quality.get('parts/mAP'))} "
+        f"(constant predictor {_fmt(quality.get('chance/mAP'))})", flush=True)
+  return path, record
+
+
+def run_stand_in(config, workdir: str) -> Dict:
+  """Mode "stand_in": pretrain the stand-in anew and write it to config.stand_in_output."""
+  from metonymy.probe import pretrain
+  if not config.stand_in_output:
+    raise ValueError("mode 'stand_in' needs config.stand_in_output (a path prefix).")
+  world = config.world
+  vit_config, trained, record = pretrain_stand_in(config, world)
+  record["quality_val"] = stand_in_quality(config, world, vit_config, trained.params,
+                                           trained.heads)
+  prefix = config.stand_in_output.format(seed=int(world.seed))
+  written = pretrain.save_stand_in(prefix, vit_config, trained, record)
+  print(f"[demo] wrote {', '.join(written)}; quality on val {record['quality_val']}", flush=True)
+  return record
 
 
 def run_benchmark(config, backbone: str, workdir: str, world, title: str = "") -> Dict:
@@ -231,7 +319,7 @@ def run_story(config, workdir: str) -> Dict:
         f"{world.correlation:g}, splits {dict(world.splits)}; outputs in {workdir}", flush=True)
 
   steps.begin("pretrain", "pretraining the stand-in for DINO")
-  backbone = pretrained_backbone(config, workdir, world)
+  backbone, stand_in = pretrained_backbone(config, workdir, world)
 
   steps.begin("benchmark", "leakage benchmark: ground-truth part masks, late vs early masking")
   bench = run_benchmark(config, backbone, os.path.join(workdir, BENCHMARK_DIR), world)
@@ -247,15 +335,19 @@ def run_story(config, workdir: str) -> Dict:
   steps.begin("report", "writing report.md and results.json")
   chance = chance_map(_with_world(config.single, world).data)
   seconds = steps.finish()
-  results = story_results(config, backbone, bench, trained, seconds)
+  results = story_results(config, backbone, stand_in, bench, trained, seconds)
   results["part_discovery"]["chance_mAP"] = chance
   results["summary"]["map_chance"] = chance
   written = write_story(workdir, config, results)
   if config.readme:
-    update_readme(config.readme, readme_block(results))
+    if int(world.seed) == 0:  # The headline block is the default world's.
+      update_readme(config.readme, readme_block(results))
+    update_readme_seed_row(config.readme, results)
     written.append(config.readme)
   print(f"[demo] done in {seconds['total']:.0f} s; wrote " + ", ".join(written), flush=True)
   print(summary_line(results), flush=True)
+  for line in collapse_warnings(results):
+    print(f"[demo] WARNING: {line}", flush=True)
   return results
 
 
@@ -272,11 +364,31 @@ def _part_discovery(scalars: Dict[str, float]) -> Dict:
   for k in ("NMI", "ARI", "NMI_fg", "ARI_fg"):
     out[k] = _pick(scalars, f"parts/{k}")
   out["num_examples"] = scalars.get("num_examples")
+  # Collapse watch (training/evaluate.py): each part's share of the evaluation patches.
+  shares = sorted((int(k.split("/")[1]), v) for k, v in scalars.items()
+                  if k.startswith("part_share/") and k.split("/")[1].isdigit())
+  out["part_share"] = [v for _, v in shares]
+  out["max_part_share"] = _pick(scalars, "part_share/max")
+  out["empty_parts"] = _pick(scalars, "part_share/num_empty")
+  out["collapsed"] = bool(scalars.get("collapsed", 0.0))
   return out
 
 
-def story_results(config, backbone: str, bench: Dict, trained: Dict[str, Dict],
-                  seconds: Dict[str, float]) -> Dict:
+def collapse_warnings(results: Dict) -> List[str]:
+  """One line per part-discovery model whose evaluation flagged a collapse."""
+  lines = []
+  for key, name in (("single", "single-stage"), ("two_stage_ste", "two-stage STE")):
+    r = results["part_discovery"][key]
+    if r.get("collapsed"):
+      shares = r.get("part_share") or []
+      lines.append(f"**Collapse** ({name}): a part holds {_fmt(r.get('max_part_share'))} of the "
+                   f"evaluation patches or a part is empty ({_int(r.get('empty_parts'))} empty); "
+                   f"shares (background last): {', '.join(_fmt(v, 2) for v in shares)}.")
+  return lines
+
+
+def story_results(config, backbone: str, stand_in: Optional[Dict], bench: Dict,
+                  trained: Dict[str, Dict], seconds: Dict[str, float]) -> Dict:
   """The results.json object: world, backbone, benchmark, part discovery, timing."""
   bench_keys = ("ps_late", "ps_early", "ps_gap", "causal_leakage_late", "causal_leakage_early",
                 "mppo_late", "mppo_early", "nmi_with_background", "ari_with_background")
@@ -297,7 +409,9 @@ def story_results(config, backbone: str, bench: Dict, trained: Dict[str, Dict],
       "backbone": {"path": os.path.abspath(backbone),
                    "arch": config.backbone.arch.to_dict() if pretrained_here else None,
                    "pretraining_steps": (int(config.backbone_pretraining.steps)
-                                         if pretrained_here else None)},
+                                         if pretrained_here else None),
+                   "source": (stand_in or {}).get("source"),
+                   "quality_val": (stand_in or {}).get("quality_val")},
       "benchmark": benchmark,
       "part_discovery": {
           "single": single, "two_stage_ste": two,
@@ -314,7 +428,13 @@ def story_results(config, backbone: str, bench: Dict, trained: Dict[str, Dict],
           "map_two_stage_stage2": two["mAP"].get("stage2"),
           "map_two_stage_ensemble": two["mAP"].get("ensemble"),
           "nmi_single": single["NMI"], "ari_single": single["ARI"],
-          "nmi_two_stage": two["NMI"], "ari_two_stage": two["ARI"]},
+          "nmi_two_stage": two["NMI"], "ari_two_stage": two["ARI"],
+          "nmi_fg_single": single["NMI_fg"], "ari_fg_single": single["ARI_fg"],
+          "nmi_fg_two_stage": two["NMI_fg"], "ari_fg_two_stage": two["ARI_fg"],
+          "max_part_share_single": single["max_part_share"],
+          "max_part_share_two_stage": two["max_part_share"],
+          "collapsed": single["collapsed"] or two["collapsed"],
+          "stand_in_cls_map_val": ((stand_in or {}).get("quality_val") or {}).get("cls/mAP")},
       "seconds": seconds,
       "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                   "backend": _backend()},
@@ -360,12 +480,20 @@ def results_tables(results: Dict) -> List[str]:
     r = pd[key]
     label = {"stage1": "Stage 1 head", "stage2": "Stage 2 head (isolated parts)",
              "ensemble": "ensemble (sum of logits)"}
-    for h in heads:
-      rows.append([name, label[h], _fmt(r["mAP"].get(h)), _fmt(r["NMI"], 1), _fmt(r["ARI"], 1)])
+    for i, h in enumerate(heads):
+      parts = ([_fmt(r["NMI"], 1), _fmt(r["ARI"], 1), _fmt(r["NMI_fg"], 1), _fmt(r["ARI_fg"], 1),
+                _fmt(r.get("max_part_share"), 2)] if i == 0 else ["", "", "", "", ""])
+      rows.append([name, label[h], _fmt(r["mAP"].get(h))] + parts)
   chance = pd.get("chance_mAP")
-  rows.append(["constant predictor", "(chance level)", _fmt(chance), "", ""])
-  discovery = _table(["Model", "Attribute head", "mAP", "NMI", "ARI"], rows)
-  return [leak, "", discovery]
+  rows.append(["constant predictor", "(chance level)", _fmt(chance), "0", "0", "0", "0", ""])
+  discovery = _table(["Model", "Attribute head", "mAP", "NMI", "ARI", "NMI fg", "ARI fg",
+                      "largest part share"], rows)
+  quality = (results["backbone"].get("quality_val") or {})
+  stand_in = _table(["Stand-in backbone (own heads, `val`)", "attribute mAP"], [
+      ["CLS head", _fmt(quality.get("cls/mAP"))],
+      ["part read-out head", _fmt(quality.get("parts/mAP"))],
+      ["constant predictor (chance level)", _fmt(quality.get("chance/mAP"))]]) if quality else ""
+  return [leak, "", discovery, "", stand_in]
 
 
 def _describe(results: Dict) -> str:
@@ -373,17 +501,20 @@ def _describe(results: Dict) -> str:
   b = results["benchmark"]
   pre = results["backbone"]["pretraining_steps"]
   arch = results["backbone"]["arch"] or {}
+  source = results["backbone"].get("source")
   backbone = (f"a ViT (patch {arch.get('patch_size')}, width {arch.get('width')}, depth "
-              f"{arch.get('depth')}) pretrained for {pre} steps on the world" if pre is not None
+              f"{arch.get('depth')}) pretrained for {pre} steps on the world's attributes"
+              f"{' (' + source + ')' if source else ''}" if pre is not None
               else f"the backbone `{results['backbone']['path']}`")
-  return (f"Synthetic parts world at {w['image_size']} px, cross-part correlation "
-          f"{w['correlation']:g}; {backbone}. Benchmark: ground-truth part masks, train/val/test "
+  return (f"Synthetic parts world (seed {w.get('seed', 0)}) at {w['image_size']} px, "
+          f"cross-part correlation {w['correlation']:g}; {backbone}. Benchmark: ground-truth part masks, train/val/test "
           f"{b.get('num_train')}/{b.get('num_val')}/{b.get('num_test')} images, 95% bootstrap "
           f"intervals over test images. Part discovery: {pd['train_steps']['single']} "
           f"(single-stage) and {pd['train_steps']['two_stage_ste']} (two-stage STE) training "
           f"steps, evaluated on the {_int(pd['single'].get('num_examples'))} first "
-          f"`{pd['eval_split']}` images (NMI/ARI x100, keypoints vs argmax part, background "
-          f"included). Wall time {results['seconds']['total']:.0f} s on "
+          f"`{pd['eval_split']}` images (NMI/ARI x100, keypoints vs argmax part; \"fg\": argmax "
+          f"over the foreground parts only; largest part share: the biggest share of the "
+          f"evaluation patches any part, background included, takes). Wall time {results['seconds']['total']:.0f} s on "
           f"{results['machine']['cpu_count']} CPU core(s) ({results['machine']['backend']}).")
 
 
@@ -440,7 +571,8 @@ def write_story(workdir: str, config, results: Dict) -> List[str]:
             "Single-stage: Stage 1 on the frozen backbone. Two-stage STE: Stage 1's maps drive "
             "Stage 2's isolated part streams (hard forward, soft backward); its Stage 2 head sees "
             "each part's pixels only.", "",
-            results_tables(results)[2], ""]
+            results_tables(results)[2], ""] + [w + "\n" for w in collapse_warnings(results)]
+  lines += ["## The stand-in backbone", "", results_tables(results)[4], ""]
   lines += ["## Figures", ""] + _figures(workdir)
   lines += ["## Timing", "",
             _table(["step", "seconds"], [[k, f"{v:.0f}"] for k, v in results["seconds"].items()]),
@@ -470,22 +602,57 @@ def readme_block(results: Dict) -> str:
   return "\n".join([
       "Generated by `python -m metonymy.main --config=configs/demo.py --workdir=DIR "
       "--config.readme=README.md` on " + results["date"][:10] + "; do not edit by hand.", "",
-      _describe(results), "", *results_tables(results)])
+      _describe(results), "", *results_tables(results), "",
+      *[w + "\n" for w in collapse_warnings(results)]]).rstrip()
 
 
-def update_readme(path: str, block: str) -> None:
-  """Replaces what lies between README_BEGIN and README_END in `path` with `block`."""
+def _read_block(path: str, begin_marker: str, end_marker: str):
+  """(text, begin, end) of `path`, whose block lies between the two markers."""
   if not os.path.exists(path):
     raise FileNotFoundError(f"config.readme={path!r} does not exist.")
   with open(path) as f:
     text = f.read()
-  begin, end = text.find(README_BEGIN), text.find(README_END)
+  begin, end = text.find(begin_marker), text.find(end_marker)
   if begin < 0 or end < 0 or end < begin:
-    raise ValueError(f"{path} has no '{README_BEGIN}' ... '{README_END}' block (in that order); "
+    raise ValueError(f"{path} has no '{begin_marker}' ... '{end_marker}' block (in that order); "
                      "add the two marker lines where the demo's results should go.")
-  text = text[:begin + len(README_BEGIN)] + "\n" + block.rstrip() + "\n" + text[end:]
+  return text, begin + len(begin_marker), end
+
+
+def update_readme(path: str, block: str, begin_marker: str = README_BEGIN,
+                  end_marker: str = README_END) -> None:
+  """Replaces what lies between the markers (README_BEGIN / README_END) in `path` with `block`."""
+  text, begin, end = _read_block(path, begin_marker, end_marker)
+  text = text[:begin] + "\n" + block.rstrip() + "\n" + text[end:]
   with open(path, "w") as f:
     f.write(text)
+
+
+def seed_row(results: Dict) -> List[str]:
+  """This run's row of the per-seed table (SEEDS_HEADER)."""
+  s, q = results["summary"], (results["backbone"].get("quality_val") or {})
+  pair = lambda a, b, d=1: f"{_fmt(s[a], d)} / {_fmt(s[b], d)}"
+  return [f"{results['world'].get('seed', 0)}", _fmt(q.get("cls/mAP")), pair("ps_late", "ps_early", 3),
+          _fmt(s["map_single"]), pair("nmi_single", "ari_single"),
+          _fmt(s["map_two_stage_stage2"]), _fmt(s["map_two_stage_ensemble"]),
+          pair("nmi_two_stage", "ari_two_stage"),
+          pair("max_part_share_single", "max_part_share_two_stage", 2), _fmt(s["map_chance"]),
+          f"{results['seconds']['total']:.0f} s"]
+
+
+def update_readme_seed_row(path: str, results: Dict) -> None:
+  """Writes this run's row into the SEEDS_BEGIN / SEEDS_END table of `path`, keeping the other
+  seeds' rows (sorted by seed)."""
+  text, begin, end = _read_block(path, SEEDS_BEGIN, SEEDS_END)
+  rows = {}
+  for line in text[begin:end].splitlines():
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if line.startswith("|") and cells and cells[0].isdigit():
+      rows[int(cells[0])] = cells
+  row = seed_row(results)
+  rows[int(row[0])] = row
+  update_readme(path, _table(SEEDS_HEADER, [rows[k] for k in sorted(rows)]), SEEDS_BEGIN,
+                SEEDS_END)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -500,7 +667,7 @@ def run_sweep(config, workdir: str) -> Dict:
   os.makedirs(workdir, exist_ok=True)
   steps.begin("pretrain", "one backbone for every point: the given one, or pretrained once on "
                           f"the world at correlation {config.world.correlation:g}")
-  backbone = pretrained_backbone(config, workdir, config.world)
+  backbone, _ = pretrained_backbone(config, workdir, config.world)
   points = []
   for c in correlations:
     steps.begin(f"correlation_{c:g}", f"benchmark at cross-part correlation {c:g}")

@@ -58,6 +58,25 @@ def test_update_readme_replaces_only_the_block(tmp_path):
                   f"{demo.README_END}\nafter\n")
 
 
+def test_seed_rows_are_replaced_per_seed_and_kept_sorted(tmp_path):
+  path = tmp_path / "README.md"
+  path.write_text(f"# t\n{demo.SEEDS_BEGIN}\n{demo.SEEDS_END}\nafter\n")
+  summary = {k: 0.5 for k in ("ps_late", "ps_early", "map_single", "nmi_single", "ari_single",
+                              "map_two_stage_stage2", "map_two_stage_ensemble", "nmi_two_stage",
+                              "ari_two_stage", "max_part_share_single",
+                              "max_part_share_two_stage", "map_chance")}
+  run = lambda seed, value: {"world": {"seed": seed}, "summary": dict(summary, map_single=value),
+                             "backbone": {"quality_val": {"cls/mAP": 0.7}},
+                             "seconds": {"total": 100.0}}
+  demo.update_readme_seed_row(str(path), run(2, 0.1))
+  demo.update_readme_seed_row(str(path), run(0, 0.2))
+  demo.update_readme_seed_row(str(path), run(2, 0.3))  # seed 2 again: its row is replaced
+  lines = [l for l in path.read_text().splitlines() if l.startswith("| ") and l[2].isdigit()]
+  assert [l.split("|")[1].strip() for l in lines] == ["0", "2"]
+  assert "| 0.300 |" in lines[1] and "| 0.200 |" in lines[0] and "0.100" not in path.read_text()
+  assert path.read_text().endswith(f"{demo.SEEDS_END}\nafter\n")
+
+
 def test_update_readme_without_markers_fails_clearly(tmp_path):
   path = tmp_path / "README.md"
   path.write_text("# no markers\n")
@@ -118,7 +137,8 @@ def tiny_demo(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("demo"))
   readme = os.path.join(workdir, "README_copy.md")
   with open(readme, "w") as f:
-    f.write(f"# x\n{demo.README_BEGIN}\n{demo.README_END}\n")
+    f.write(f"# x\n{demo.README_BEGIN}\n{demo.README_END}\n{demo.SEEDS_BEGIN}\n"
+            f"{demo.SEEDS_END}\n")
   config = _config("demo", "tiny")
   config.readme = readme
   results = demo.run(config, workdir)
@@ -133,7 +153,9 @@ def test_tiny_demo_writes_report_and_results(tiny_demo):
   assert saved["summary"].keys() == {
       "ps_late", "ps_early", "causal_leakage_late", "causal_leakage_early", "map_single",
       "map_two_stage_stage1", "map_two_stage_stage2", "map_two_stage_ensemble", "map_chance",
-      "nmi_single", "ari_single", "nmi_two_stage", "ari_two_stage"}
+      "nmi_single", "ari_single", "nmi_two_stage", "ari_two_stage", "nmi_fg_single",
+      "ari_fg_single", "nmi_fg_two_stage", "ari_fg_two_stage", "max_part_share_single",
+      "max_part_share_two_stage", "collapsed", "stand_in_cls_map_val"}
   s = saved["summary"]
   for key in ("ps_late", "ps_early", "causal_leakage_late", "map_single",
               "map_two_stage_stage2", "map_two_stage_ensemble", "map_chance"):
@@ -142,6 +164,19 @@ def test_tiny_demo_writes_report_and_results(tiny_demo):
   assert s["causal_leakage_early"] == 0.0 and s["causal_leakage_late"] > 0.0
   assert set(saved["part_discovery"]["two_stage_ste"]["mAP"]) == {"stage1", "stage2", "ensemble"}
   assert saved["seconds"]["total"] > 0
+  # The stand-in's own quality was measured on val, beside the chance level.
+  quality = saved["backbone"]["quality_val"]
+  assert s["stand_in_cls_map_val"] == quality["cls/mAP"]
+  assert 0.0 < quality["chance/mAP"] < quality["cls/mAP"] <= 1.0
+  assert saved["backbone"]["source"] == "pretrained in this run"
+  # Part discovery: NMI/ARI with and without the background, and the collapse watch.
+  for key in ("single", "two_stage_ste"):
+    r = saved["part_discovery"][key]
+    assert all(isinstance(r[k], float) for k in ("NMI", "ARI", "NMI_fg", "ARI_fg")), r
+    assert len(r["part_share"]) == config_lib.load_sibling_config(
+        CONFIG_FILE, "demo", "tiny").single.model.num_parts + 1
+    assert sum(r["part_share"]) == pytest.approx(1.0, abs=1e-6)
+    assert r["collapsed"] == (max(r["part_share"]) > 0.9 or r["empty_parts"] > 0)
   # The numbers in the files are the ones the sub-jobs measured.
   with open(os.path.join(workdir, demo.BENCHMARK_DIR, "results.json")) as f:
     assert json.load(f)["ps_late"] == pytest.approx(s["ps_late"])
@@ -151,6 +186,7 @@ def test_tiny_demo_writes_report_and_results(tiny_demo):
   with open(os.path.join(workdir, "report.md")) as f:
     report = f.read()
   assert "| late (pool a plain forward" in report and "| two-stage STE |" in report
+  assert "| NMI fg | ARI fg |" in report and "Stand-in backbone" in report
   links = [line[line.index("](") + 2:-1] for line in report.splitlines() if line.startswith("![")]
   assert any(l.startswith("benchmark/") for l in links)
   assert any(l.startswith("two_stage_ste/images/") for l in links)
@@ -158,6 +194,7 @@ def test_tiny_demo_writes_report_and_results(tiny_demo):
   with open(readme) as f:
     block = f.read()
   assert f"{s['ps_late']:.3f}" in block and demo.README_END in block
+  assert "| 0 | " in block.split(demo.SEEDS_BEGIN)[1]  # this world's row of the seeds table
 
 
 @pytest.mark.slow

@@ -350,7 +350,7 @@ def _synthetic_run(tmp_path, seed, pretrain_steps, batch_size=16):
     params = pretrain.pretrain(model, params, source, benchmark.eval_transforms(vit_config,
                                                                                 config.data),
                                steps=pretrain_steps, batch_size=batch_size, images=600,
-                               seed=seed, progress=False)
+                               seed=seed, progress=False).params
   results, _ = benchmark.evaluate("tiny", model, params, vit_config, config, seed=seed,
                                   cache_root=str(tmp_path), progress=False)
   # What holds on every seed: early masking's causal leakage is exactly 0, late masking's is not.

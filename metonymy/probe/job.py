@@ -89,6 +89,13 @@ def run(config, workdir: str) -> Dict:
   return results
 
 
+def pretrain_options(pre) -> dict:
+  """Keyword arguments of pretrain.pretrain from a `backbone_pretraining` config block."""
+  return {"steps": int(pre.steps), "batch_size": int(pre.batch_size),
+          "learning_rate": float(pre.learning_rate), "weight_decay": float(pre.weight_decay),
+          "images": int(pre.images), "loss": str(pre.loss)}
+
+
 def _maybe_pretrain(config, model, params, vit_config, seed: int):
   """Quick supervised pretraining of a random-init backbone (pretrain.py), if configured."""
   steps = int(config.backbone_pretraining.steps) if "backbone_pretraining" in config else 0
@@ -99,9 +106,8 @@ def _maybe_pretrain(config, model, params, vit_config, seed: int):
   print(f"[probe] pretraining the random-init backbone for {steps} steps on {config.data.dataset}/"
         f"{config.data.train}", flush=True)
   transforms = benchmark.eval_transforms(vit_config, config.data)
-  return pretrain.pretrain(model, params, source, transforms, steps=steps,
-                           batch_size=int(pre.batch_size), learning_rate=float(pre.learning_rate),
-                           images=int(pre.images), seed=seed)
+  return pretrain.pretrain(model, params, source, transforms, seed=seed,
+                           **pretrain_options(pre)).params
 
 
 def _f(value, digits: int = 3) -> str:
