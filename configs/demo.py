@@ -41,7 +41,7 @@ from metonymy import config_lib
 #   (README gives the measured time).
 SIZES = {
     "": dict(image_size=48, depth=4, splits=(8000, 500, 1000), pretrain_steps=3000,
-             probe_train=2000, single_steps=1000, two_stage_steps=300, train_batch=16,
+             probe_train=2000, single_steps=1000, two_stage_steps=1000, train_batch=16,
              eval_examples=256, bootstrap=100, leakage_images=128),
     "tiny": dict(image_size=32, depth=2, splits=(96, 48, 64), pretrain_steps=10, probe_train=0,
                  single_steps=3, two_stage_steps=3, train_batch=4, eval_examples=8, bootstrap=10,

@@ -14,10 +14,10 @@ arg:
            near-uniform average of all tokens into every token: late features change a lot when
            the rest of the image changes (causal leakage), but what leaks is mostly background
            and barely decodable, so late PS ~ early PS.
-  trained  each backbone first pretrained (600 steps; ~15 min in all on 2 CPU cores) to predict
-           all attributes from its
-           CLS and mean patch token (probe/pretrain.py): it gathers object information into every
-           patch, and late PS falls well below early PS, as in the paper.
+  trained  each backbone first pretrained for 600 steps on the world's attributes (CLS head and
+           one attention read-out per part, probe/pretrain.py; ~15 min in all on 2 CPU cores):
+           it gathers object information into every patch, and late PS falls below early PS,
+           as in the paper. configs/demo.py's stand-in is the same recipe trained 5x longer.
   tiny     seconds; the smoke test.
 """
 

@@ -3,18 +3,22 @@
   python -m metonymy.main --config=configs/demo.py --workdir=DIR                    # mode "story"
   python -m metonymy.main --config=configs/demo_correlation_sweep.py --workdir=DIR  # the sweep
 
-Story (configs/demo.py), on the world of `config.world` (cross-part correlation 0):
-  1. pretrain a tiny random-init ViT on the world (probe/pretrain.py: all attributes from its CLS
-     and mean patch token), standing in for DINO; saved as a converted backbone folder,
-     DIR/backbone (checkpoints/store.py). Skipped when config.benchmark.backbone.checkpoint is
-     given; reused when DIR/backbone already holds one (rerunning resumes);
+Story (configs/demo.py), on the world of `config.world` (cross-part correlation 0; its seed,
+config.world.seed, draws every image of every step):
+  1. the stand-in for DINO: a tiny ViT pretrained on the world's attributes (probe/pretrain.py;
+     image-level labels only). The one shipped in metonymy/assets/ for this world seed is used
+     when it was made by exactly this recipe (mode "stand_in" remakes it), else it is pretrained
+     here; its own attribute mAP on `val` is measured in this run. Saved as a converted backbone
+     folder, DIR/backbone (checkpoints/store.py), with the heads and the record beside it. Skipped
+     when config.benchmark.backbone.checkpoint is given; reused when DIR/backbone holds one;
   2. the leakage benchmark of it, ground-truth masks, late vs early masking: the probe job in
      DIR/benchmark (its own report.md / results.json / PNGs);
   3. single-stage and two-stage STE part discovery from it: the train job in DIR/single and
      DIR/two_stage_ste (metrics.jsonl, images/);
-  4. DIR/report.md and DIR/results.json gathering the numbers, with the sub-jobs' figures linked;
-     with config.readme=PATH, the results table also replaces the block between
-     README_BEGIN / README_END in that file.
+  4. DIR/report.md and DIR/results.json gathering the numbers (part shares and a collapse warning
+     included), with the sub-jobs' figures linked; with config.readme=PATH, the results table
+     also replaces the block between README_BEGIN / README_END in that file (world seed 0 only),
+     and this world seed's row of the SEEDS_BEGIN / SEEDS_END table.
 
 Correlation sweep (configs/demo_correlation_sweep.py): one backbone pretrained as in step 1, then
 the benchmark of it on worlds whose correlation runs over config.sweep.correlations (each in

@@ -134,7 +134,9 @@ def pretrain(model, params, source, transforms, *, steps: int, batch_size: int =
                y.shape[1])
   attribute_part = tuple(source.info.attribute_part)
   heads = init_heads(jax.random.PRNGKey(seed), model.config.width, attribute_part)
-  schedule = optax.warmup_cosine_decay_schedule(0.0, learning_rate, max(1, steps // 10), steps)
+  # steps = 0 returns the random weights (and zero heads): a random-init baseline.
+  schedule = optax.warmup_cosine_decay_schedule(0.0, learning_rate, max(1, steps // 10),
+                                                max(steps, 2))
   tx = optax.adamw(schedule, weight_decay=weight_decay, mask=optimizer_lib.decay_mask)
   trainable = (params, heads)
   state = tx.init(trainable)

@@ -1,0 +1,118 @@
+"""The stand-in backbone's pretraining (metonymy/probe/pretrain.py) and the stand-ins shipped for
+the demo (metonymy/assets/)."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from metonymy import config_lib
+from metonymy import demo
+from metonymy.checkpoints.io import CheckpointError
+from metonymy.models import vit
+from metonymy.probe import pretrain
+
+CONFIG_FILE = os.path.join(os.path.dirname(__file__), "..", "configs", "demo.py")
+
+
+def test_exclusive_groups_are_the_one_hot_runs_only():
+  names = ["has_a_color::red", "has_a_color::blue", "has_a_shape::x", "has_a_shape::y",
+           "has_b_color::red", "has_b_color::blue", "lonely"]
+  labels = np.array([[1, 0, 1, 0, 1, 1, 0],
+                     [0, 1, 0, 1, 0, 0, 1]], np.float32)
+  valid = np.ones_like(labels)
+  # has_b_color has two positives in example 0: not one-hot, so BCE; "lonely" has no group.
+  assert pretrain.exclusive_groups(names, labels, valid) == [(0, 2), (2, 4)]
+  valid[1, 3] = 0  # an unknown label breaks the softmax's assumption too
+  assert pretrain.exclusive_groups(names, labels, valid) == [(0, 2)]
+
+
+def test_attribute_loss_is_softmax_over_groups_and_bce_elsewhere():
+  rng = np.random.default_rng(0)
+  logits = jnp.asarray(rng.normal(size=(3, 5)), jnp.float32)
+  labels = jnp.asarray([[1, 0, 0, 1, 0], [0, 0, 1, 0, 1], [0, 1, 0, 1, 1]], jnp.float32)
+  valid = jnp.ones_like(labels).at[2, 4].set(0)
+  got = pretrain.attribute_loss(logits, labels, valid, [(0, 3)])
+  ce = [-np.log(np.exp(logits[i, :3]) / np.exp(logits[i, :3]).sum())[int(np.argmax(labels[i, :3]))]
+        for i in range(3)]
+  bce = optax.sigmoid_binary_cross_entropy(logits[:, 3:], labels[:, 3:]) * valid[:, 3:]
+  expected = (sum(ce) + float(bce.sum())) / (3 + 5)
+  np.testing.assert_allclose(float(got), expected, rtol=1e-6)
+
+
+def test_part_head_reads_each_attribute_from_its_own_parts_pooling():
+  """Attribute a's logit depends on the patches only through part g(a)'s attention pooling: with
+  one-hot queries, moving a patch's value along part 1's query changes part 1's attributes and
+  leaves part 0's logits as they are when part 0's attention ignores that patch."""
+  width, attribute_part = 4, (0, 0, 1)
+  heads = pretrain.init_heads(jax.random.PRNGKey(0), width, attribute_part)
+  heads["parts"]["q"] = 20.0 * jnp.eye(width)[:, :2]      # part 0 looks at dim 0, part 1 at dim 1
+  heads["parts"]["w"] = jnp.ones((width, 3))
+  patches = jnp.asarray([[[1.0, 0, 0, 0], [0, 1.0, 0, 0], [0, 0, 0, 0]]])
+  out = {"prefix_tokens": jnp.zeros((1, 1, width)), "patch_tokens": patches}
+  before = pretrain.head_logits(out, heads, attribute_part)["parts"]
+  moved = dict(out, patch_tokens=patches.at[0, 1, 2].set(5.0))
+  after = pretrain.head_logits(moved, heads, attribute_part)["parts"]
+  np.testing.assert_allclose(after[0, :2], before[0, :2], atol=1e-6)
+  assert float(after[0, 2] - before[0, 2]) > 4.0
+
+
+def test_short_pretraining_learns_above_chance(tmp_path):
+  """A few hundred steps on the small world already beat the constant predictor on `val`."""
+  from metonymy.data import synthetic
+  from metonymy.data import transforms
+  world = synthetic.SyntheticConfig(image_size=32, correlation=0.0, scale_range=(0.55, 0.7),
+                                    splits=(("train", 600), ("val", 150)))
+  config = vit.get_config("vit_tiny_test").replace(patch_size=4, depth=2,
+                                                   pos_embed_grid=(8, 8), image_size=32)
+  model, params = vit.init_params(config, jax.random.PRNGKey(0))
+  standard = transforms.standard(32, train=False, mean=config.image_mean, std=config.image_std)
+  trained = pretrain.pretrain(model, params, synthetic.make_source(None, "train", world),
+                              standard, steps=150, batch_size=32, learning_rate=2e-3,
+                              images=600, progress=False)
+  assert trained.loss_history[-1][1] < trained.loss_history[0][1]
+  quality = pretrain.head_quality(model, trained.params, trained.heads,
+                                  synthetic.make_source(None, "val", world), standard)
+  assert quality["images"] == 150
+  assert quality["cls/mAP"] > quality["chance/mAP"] + 0.03, quality
+  # Saved and loaded back: the same arrays, the record kept.
+  prefix = str(tmp_path / "stand_in")
+  pretrain.save_stand_in(prefix, config, trained, {"recipe": {"x": 1}})
+  config2, params2, heads2, record = pretrain.load_stand_in(prefix)
+  assert config2 == config and record["recipe"] == {"x": 1}
+  jax.tree_util.tree_map(np.testing.assert_array_equal, params2, jax.device_get(trained.params))
+  jax.tree_util.tree_map(np.testing.assert_array_equal, heads2, trained.heads)
+
+
+def test_a_stand_in_that_does_not_fit_its_architecture_is_refused(tmp_path):
+  config = vit.get_config("vit_tiny_test")
+  _, params = vit.init_params(config, jax.random.PRNGKey(0))
+  heads = pretrain.init_heads(jax.random.PRNGKey(0), config.width, (0, 1))
+  prefix = str(tmp_path / "s")
+  pretrain.save_stand_in(prefix, config.replace(width=32, num_heads=4, mlp_dim=64),
+                         pretrain.Pretrained(params, heads, [], 0.0), {})
+  with pytest.raises(CheckpointError, match=r"s\.npz does not fit .*shape mismatches"):
+    pretrain.load_stand_in(prefix)
+  with pytest.raises(FileNotFoundError, match="no stand-in backbone saved"):
+    pretrain.load_stand_in(str(tmp_path / "missing"))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_shipped_stand_in_loads_and_matches_the_demo_recipe(seed):
+  """The file in metonymy/assets/ is what `configs/demo.py:stand_in --config.world.seed=N`
+  makes: its recorded recipe equals the demo's (so the demo uses it), its arrays fit that
+  architecture, and its recorded quality on val is well above chance."""
+  config = config_lib.load_sibling_config(CONFIG_FILE, "demo", "")
+  config.world.seed = seed
+  prefix = demo.shipped_stand_in(seed)
+  vit_config, params, heads, record = pretrain.load_stand_in(prefix)
+  assert record["recipe"] == demo.stand_in_recipe(config, config.world)
+  assert record["command"].endswith(f"--config.world.seed={seed} --workdir=DIR")
+  _, _, demo_vit_config = config_lib.build_backbone(config.backbone, config.seed)
+  assert vit_config == demo_vit_config
+  quality = record["quality_val"]
+  assert quality["cls/mAP"] >= 0.6 > 2 * quality["chance/mAP"], quality
