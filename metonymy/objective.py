@@ -54,7 +54,8 @@ def loss_fn(model, params, frozen, batch: Dict[str, jnp.ndarray], rng: jax.Array
     loss_config: config.loss (weights, orthogonality, orthogonality_on, equivariance ranges).
 
   Returns:
-    The weighted sum, and {"loss/<term>": unweighted value} for every computed term.
+    The weighted sum, and {"loss/<term>": unweighted value} for every computed term plus the
+    maps' occupancy (`part_share_metrics`: the collapse watch, no second forward).
   """
   weights = loss_config.weights
   rng_model, rng_warp, rng_model_warped = jax.random.split(rng, 3)
@@ -85,4 +86,21 @@ def loss_fn(model, params, frozen, batch: Dict[str, jnp.ndarray], rng: jax.Array
                              losses.equivariance(maps, maps_warped, transform))
   total = sum(weight * value for weight, value in terms.values())
   metrics = {f"loss/{name}": value for name, (_, value) in terms.items()}
-  return total, metrics
+  return total, dict(metrics, **part_share_metrics(maps))
+
+
+def part_share_metrics(maps: jax.Array) -> Dict[str, jax.Array]:
+  """Occupancy of a training batch's maps [B, K+1, h, w] (background last), float32 scalars:
+  train/part_share/<k>  share of the batch's patches whose argmax is channel k (Gumbel noise
+                        included, as the loss sees them)
+  train/part_share/max  the largest share
+  train/part_mass/<k>   mean soft probability of channel k
+  Logged only, so the gradient is stopped."""
+  maps = jax.lax.stop_gradient(maps).astype(jnp.float32)
+  won = jax.nn.one_hot(jnp.argmax(maps, axis=1), maps.shape[1], axis=1)  # [B, K+1, h, w]
+  share, mass = jnp.mean(won, axis=(0, 2, 3)), jnp.mean(maps, axis=(0, 2, 3))
+  out = {f"train/part_share/{k}": share[k] for k in range(maps.shape[1])}
+  out.update({f"train/part_mass/{k}": mass[k] for k in range(maps.shape[1])})
+  out["train/part_share/max"] = jnp.max(share)
+  return out
+

@@ -123,40 +123,6 @@ def _global_norm(tree) -> jax.Array:
   return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(tree)))
 
 
-def _part_share_metrics(maps: jax.Array) -> Dict[str, jax.Array]:
-  """Occupancy of a training batch's maps [B, K+1, h, w] (background last), float32 scalars:
-  train/part_share/<k>  share of the batch's patches whose argmax is channel k (Gumbel noise
-                        included, as the loss sees them)
-  train/part_share/max  the largest share
-  train/part_mass/<k>   mean soft probability of channel k
-  Logged only, so the gradient is stopped."""
-  maps = jax.lax.stop_gradient(maps).astype(jnp.float32)
-  won = jax.nn.one_hot(jnp.argmax(maps, axis=1), maps.shape[1], axis=1)  # [B, K+1, h, w]
-  share, mass = jnp.mean(won, axis=(0, 2, 3)), jnp.mean(maps, axis=(0, 2, 3))
-  out = {f"train/part_share/{k}": share[k] for k in range(maps.shape[1])}
-  out.update({f"train/part_mass/{k}": mass[k] for k in range(maps.shape[1])})
-  out["train/part_share/max"] = jnp.max(share)
-  return out
-
-
-class _KeepsMaps:
-  """The model, keeping the maps of the loss's main forward (its first `apply`) so the step can
-  log their part shares without a second forward: objective.loss_fn returns scalars only."""
-
-  def __init__(self, model):
-    self._model = model
-    self.maps = None
-
-  def apply(self, *args, **kwargs):
-    out = self._model.apply(*args, **kwargs)
-    if self.maps is None:
-      self.maps = out["maps"]
-    return out
-
-  def __getattr__(self, name):
-    return getattr(self._model, name)
-
-
 def _finite_or_raise(step: int, metrics, mngr, writer) -> Dict[str, float]:
   """Host copy of a step's metrics; raises NonFiniteError if the loss or grad norm is not finite."""
   values = {k: float(v) for k, v in jax.device_get(metrics).items()}
@@ -233,12 +199,8 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
   def train_step(state: TrainState, frozen, batch):
     rng = jax.random.fold_in(state.rng, state.step)
 
-    def loss_and_metrics(params):
-      recorder = _KeepsMaps(model)
-      loss, metrics = objective.loss_fn(recorder, params, frozen, batch, rng, config.loss)
-      return loss, dict(metrics, **_part_share_metrics(recorder.maps))
-
-    (loss, metrics), grads = jax.value_and_grad(loss_and_metrics, has_aux=True)(state.params)
+    (loss, metrics), grads = jax.value_and_grad(objective.loss_fn, argnums=1, has_aux=True)(
+        model, state.params, frozen, batch, rng, config.loss)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = dict(metrics, loss=loss, grad_norm=_global_norm(grads),

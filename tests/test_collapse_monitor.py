@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from metonymy import train
+from metonymy import objective
 from metonymy.training import evaluate
 
 NUM_PARTS = 3  # K; channels 0..3, 3 = background
@@ -48,7 +48,7 @@ def test_part_shares_and_soft_mass_are_exact():
 def test_training_step_shares_equal_the_evaluation_shares():
   counts = [10, 25, 5, 60]
   maps = _maps_from_ids(_ids_with_counts(counts))
-  metrics = train._part_share_metrics(jnp.asarray(maps))
+  metrics = objective.part_share_metrics(jnp.asarray(maps))
   expected = evaluate.part_share_scalars(*evaluate.part_occupancy(maps))
   for k in range(NUM_PARTS + 1):
     np.testing.assert_allclose(metrics[f"train/part_share/{k}"], expected[f"part_share/{k}"],

@@ -99,9 +99,14 @@ def test_objective_terms_and_zero_weights(setup):
   batch = {"image": images, "attributes": jnp.ones((2, A)), "attribute_valid": jnp.ones((2, A), bool)}
   config = config_lib.part_losses()
   total, metrics = objective.loss_fn(model, params, frozen, batch, jax.random.PRNGKey(0), config)
-  assert set(metrics) == {"loss/attribute_stage1", "loss/orthogonality", "loss/total_variation",
-                          "loss/equivariance", "loss/foreground_presence",
-                          "loss/background_presence", "loss/entropy"}
+  assert {k for k in metrics if k.startswith("loss/")} == {
+      "loss/attribute_stage1", "loss/orthogonality", "loss/total_variation", "loss/equivariance",
+      "loss/foreground_presence", "loss/background_presence", "loss/entropy"}
+  # The collapse watch rides along: every channel's share of the batch's patches.
+  num_channels = model.num_parts + 1
+  assert {k for k in metrics if not k.startswith("loss/")} == (
+      {f"train/part_share/{k}" for k in range(num_channels)}
+      | {f"train/part_mass/{k}" for k in range(num_channels)} | {"train/part_share/max"})
   weights = config.weights
   expected = sum(weights[k] * metrics[f"loss/{k}"] for k in
                  ("orthogonality", "total_variation", "equivariance", "foreground_presence",
