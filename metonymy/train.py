@@ -14,8 +14,11 @@ The run, in order:
   4. resume from WORKDIR/checkpoints if a checkpoint exists (parameters, optimizer, step, RNG and
      the data iterator's position), so a killed run continues bit-identically;
   5. the loop: step, then logging (JSONL, TensorBoard, console with steps/s and ETA),
-     checkpoints and evaluation at their intervals. A non-finite loss or gradient norm stops the
-     run before anything after it is saved.
+     checkpoints and evaluation at their intervals. A non-finite loss, gradient norm, or updated
+     parameter / optimizer state stops the run before that state is saved or evaluated (the train
+     step returns an all-finite reduction of what it updated, checked on the host before every
+     save); on resume, a checkpoint holding a NaN/Inf is refused in favour of the newest finite
+     one.
 
 Collapse is reported, not hidden: every step measures the share of the training batch's patches
 that each part wins (`train/part_share/<k>`, `train/part_share/max`, `train/part_mass/<k>`; k = K
@@ -60,8 +63,8 @@ class TrainState:
 
 
 class NonFiniteError(FloatingPointError):
-  """The loss or the gradients became NaN/Inf; the message names the step and the last good
-  checkpoint."""
+  """The loss, the gradients or the updated state became NaN/Inf; the message names the step and
+  the last good checkpoint."""
 
 
 def run(config, workdir: str) -> Dict[str, float]:
@@ -124,9 +127,11 @@ def _global_norm(tree) -> jax.Array:
 
 
 def _finite_or_raise(step: int, metrics, mngr, writer) -> Dict[str, float]:
-  """Host copy of a step's metrics; raises NonFiniteError if the loss or grad norm is not finite."""
+  """Host copy of a step's metrics (without `state_finite`); raises NonFiniteError if the loss,
+  the grad norm or the updated parameters / optimizer state are not finite."""
   values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-  if np.isfinite(values["loss"]) and np.isfinite(values["grad_norm"]):
+  state_finite = values.pop("state_finite") == 1.0
+  if np.isfinite(values["loss"]) and np.isfinite(values["grad_norm"]) and state_finite:
     return values
   writer.write_scalars(step, values)
   mngr.wait_until_finished()
@@ -135,6 +140,8 @@ def _finite_or_raise(step: int, metrics, mngr, writer) -> Dict[str, float]:
            f"rerunning the same command resumes from it" if last is not None
            else "no checkpoint was saved before it")
   bad = {k: v for k, v in values.items() if not np.isfinite(v)}
+  if not state_finite:
+    bad["updated params/opt_state"] = "NaN/Inf"
   raise NonFiniteError(f"Non-finite training values at step {step}: {bad}. The run stopped "
                        f"without saving this state; {where}. Lower the learning rates "
                        f"(config.optimizer.learning_rates) or check the inputs.")
@@ -204,7 +211,9 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = dict(metrics, loss=loss, grad_norm=_global_norm(grads),
-                   param_norm=_global_norm(params))
+                   param_norm=_global_norm(params),
+                   # What a checkpoint would save: checked on the host before any save.
+                   state_finite=checkpointing.all_finite((params, opt_state)).astype(jnp.float32))
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
   def eval_step(params, frozen, batch):
@@ -222,13 +231,20 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
   mngr = checkpointing.manager(workdir, config.trainer.keep_checkpoints)
   writer = writers.MetricWriter(workdir, enabled=jax.process_index() == 0)
   train_iter = iter(train_ds)
-  latest = mngr.latest_step()
-  if latest is not None:
+  state = None
+  if mngr.latest_step() is not None:
     target = jax.tree_util.tree_map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, state_sh)
-    state = checkpointing.restore(mngr, latest, target, train_iter)
-    writers.console(f"Resumed from step {latest} ({checkpointing.directory(workdir)}).")
-  else:
+    state, latest, refused = checkpointing.restore_newest_finite(mngr, target, train_iter)
+    for bad_step in refused:
+      moved = os.path.join(workdir, checkpointing.REFUSED_DIR, str(bad_step))
+      writers.console(f"Warning: refused checkpoint step {bad_step}: it holds NaN/Inf values; "
+                      f"moved to {moved}.")
+    if state is not None:
+      writers.console(f"Resumed from step {latest} ({checkpointing.directory(workdir)}).")
+    else:  # Every checkpoint was refused: start afresh, from a rewound data iterator.
+      train_iter = iter(train_ds)
+  if state is None:
     state = jax.jit(init_state, in_shardings=(replicated, frozen_sh),
                     out_shardings=state_sh)(rng_init, frozen)
   step = int(jax.device_get(state.step))
@@ -304,6 +320,7 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
         _finite_or_raise(step, metrics, mngr, writer)
         checkpointing.save(mngr, state, train_iter)
       if step % eval_every == 0 or last:
+        _finite_or_raise(step, metrics, mngr, writer)
         with progress.pause():
           last_eval = run_eval(step)
   finally:

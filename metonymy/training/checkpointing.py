@@ -9,7 +9,14 @@ Items of one checkpoint:
   data       the Grain training iterator's position
 
 Saving is asynchronous; a checkpoint only counts once Orbax finalized it, so a run killed during
-a save resumes from the previous one.
+a save resumes from the previous one. Before each save the checkpoint directory is probed (a
+directory made and removed), so an unwritable one ends the run with an OSError naming it, where
+Orbax's own directory creation would fail in a background thread and leave the save waiting
+forever.
+
+A checkpoint holding a NaN or Inf is never resumed from (the trainer never writes one: it checks
+the updated state first): `restore_newest_finite` refuses it with a warning naming its step, moves
+it to WORKDIR/refused_checkpoints/<step> for inspection, and restores the newest finite one.
 
 Arrays restore onto whatever mesh the resuming run has (another device count, another FSDP
 split). The data position is saved per process; resumed with another number of processes, the
@@ -18,10 +25,13 @@ position comes from the step instead: the training stream is the same for any pr
 """
 
 import os
+import uuid
 from typing import Any, Optional, Tuple
 
+from absl import logging
 import grain
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 CHECKPOINT_DIR = "checkpoints"
@@ -31,13 +41,45 @@ MODEL_FILE = "model.json"
 # A random-init frozen backbone is saved here (converted-checkpoint layout), so resuming and
 # loading never re-draw it.
 BACKBONE_DIR = "backbone"
+# Checkpoints refused on restore (non-finite values) are moved here, out of Orbax's step list.
+REFUSED_DIR = "refused_checkpoints"
 
 
 def directory(workdir: str) -> str:
   return os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
 
 
+def all_finite(tree) -> jax.Array:
+  """bool []: no NaN or Inf in any floating-point leaf of `tree` (integer leaves are skipped).
+  Cheap inside a jitted step: one reduction per leaf."""
+  leaves = [x for x in jax.tree_util.tree_leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+  if not leaves:
+    return jnp.array(True)
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
+_all_finite_jit = jax.jit(all_finite)
+
+
+def check_writable(path: str) -> None:
+  """Raises OSError naming `path` unless a directory can be created in it (it is created first).
+
+  Orbax creates a step's directory in a background thread; when that fails (the path is a file,
+  read-only, permission denied) the save waits forever for a signal that never comes. This
+  probe, done the same way just before each save, turns that into an immediate error."""
+  probe = os.path.join(path, f".write-probe-{jax.process_index()}-{uuid.uuid4().hex[:8]}")
+  try:
+    os.makedirs(path, exist_ok=True)
+    os.mkdir(probe)
+    os.rmdir(probe)
+  except OSError as e:
+    raise OSError(e.errno, f"Cannot save checkpoints: the checkpoint directory {path} is not a "
+                           f"writable directory ({type(e).__name__}: {e}). Fix or remove it; the "
+                           f"checkpoints already in it are untouched.") from e
+
+
 def manager(workdir: str, max_to_keep: Optional[int] = 2) -> ocp.CheckpointManager:
+  check_writable(directory(workdir))
   options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                          enable_async_checkpointing=True)
   return ocp.CheckpointManager(directory(workdir), options=options)
@@ -46,6 +88,7 @@ def manager(workdir: str, max_to_keep: Optional[int] = 2) -> ocp.CheckpointManag
 def save(mngr: ocp.CheckpointManager, state, data_iterator) -> None:
   """Starts saving `state` (a train.TrainState) and the iterator at step `state.step`."""
   step = int(jax.device_get(state.step))
+  check_writable(str(mngr.directory))
   mngr.save(step, args=ocp.args.Composite(
       params=ocp.args.StandardSave(state.params),
       opt_state=ocp.args.StandardSave(state.opt_state),
@@ -84,6 +127,42 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, data_iterato
                                 params=restored["params"], opt_state=restored["opt_state"])
 
 
+def _refuse(mngr: ocp.CheckpointManager, step: int) -> None:
+  """Moves `step` out of the checkpoint directory (process 0), so that it is neither resumed from
+  nor in the way of the step's next save; every process then re-reads the step list."""
+  directory_ = str(mngr.directory)
+  refused = os.path.join(os.path.dirname(directory_), REFUSED_DIR, str(step))
+  if jax.process_index() == 0:
+    os.makedirs(os.path.dirname(refused), exist_ok=True)
+    target, n = refused, 1
+    while os.path.exists(target):
+      target, n = f"{refused}.{n}", n + 1
+    os.rename(os.path.join(directory_, str(step)), target)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(f"metonymy_refuse_checkpoint_{step}")
+  mngr.reload()
+
+
+def restore_newest_finite(mngr: ocp.CheckpointManager, abstract_state, data_iterator):
+  """(state, step, refused) for the newest checkpoint whose parameters and optimizer state are
+  all finite, or (None, None, refused) when there is no such checkpoint. A newer one holding a
+  NaN or Inf is refused with a warning naming its step, moved to WORKDIR/refused_checkpoints/,
+  and listed in `refused`."""
+  refused = []
+  for step in sorted(mngr.all_steps(), reverse=True):
+    state = restore(mngr, step, abstract_state, data_iterator)
+    if bool(jax.device_get(_all_finite_jit((state.params, state.opt_state)))):
+      return state, step, refused
+    logging.warning("Refusing checkpoint step %d in %s: it holds non-finite (NaN/Inf) values. "
+                    "Moved to %s; resuming from the newest finite checkpoint instead.",
+                    step, mngr.directory, os.path.join(os.path.dirname(str(mngr.directory)),
+                                                       REFUSED_DIR, str(step)))
+    _refuse(mngr, step)
+    refused.append(step)
+  return None, None, refused
+
+
 def restore_params(workdir: str, abstract_params, step: Optional[int] = None) -> Tuple[Any, int]:
   """(params, step) of `workdir`'s latest checkpoint (or `step`), without the optimizer or data.
 
@@ -99,13 +178,19 @@ def restore_params(workdir: str, abstract_params, step: Optional[int] = None) ->
     steps = mngr.all_steps()
     if not steps:
       raise FileNotFoundError(f"No checkpoint in {directory(workdir)}.")
-    if step is None:
-      step = max(steps)
-    elif step not in steps:
+    if step is not None and step not in steps:
       raise FileNotFoundError(f"No checkpoint for step {step} in {directory(workdir)}; "
                               f"steps saved: {sorted(steps)}.")
-    restored = mngr.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(abstract_params)))
-    return restored["params"], int(step)
+    # The newest finite checkpoint (or exactly `step`); one with a NaN/Inf is refused.
+    for candidate in ([step] if step is not None else sorted(steps, reverse=True)):
+      restored = mngr.restore(candidate, args=ocp.args.Composite(
+          params=ocp.args.StandardRestore(abstract_params)))
+      if bool(jax.device_get(_all_finite_jit(restored["params"]))):
+        return restored["params"], int(candidate)
+      logging.warning("Refusing checkpoint step %d in %s: its parameters hold NaN/Inf values.",
+                      candidate, directory(workdir))
+    raise FloatingPointError(
+        f"No checkpoint with finite parameters in {directory(workdir)} (tried steps "
+        f"{[step] if step is not None else sorted(steps, reverse=True)}).")
   finally:
     mngr.close()
