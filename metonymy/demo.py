@@ -196,15 +196,14 @@ def pretrained_backbone(config, workdir: str, world) -> Tuple[str, Optional[Dict
     shipped = shipped_stand_in(world.seed)
     record = None
     if config.backbone_pretraining.get("shipped") and os.path.exists(shipped + ".json"):
-      vit_config, params, heads, record = pretrain.load_stand_in(shipped)
-      if record.get("recipe") == recipe:
+      if pretrain.read_stand_in_record(shipped).get("recipe") == recipe:
+        vit_config, params, heads, record = pretrain.load_stand_in(shipped)
         print(f"[demo] using the stand-in shipped in {shipped}.npz (made by this recipe: "
               f"{record['command']})", flush=True)
         record = dict(record, source=os.path.relpath(shipped, ASSETS))
       else:
         print(f"[demo] the shipped stand-in {shipped} was made by another recipe; "
               "pretraining one here", flush=True)
-        record = None
     if record is None:
       vit_config, trained, record = pretrain_stand_in(config, world)
       params, heads = trained.params, trained.heads

@@ -24,12 +24,13 @@ from metonymy.checkpoints import hf_vit  # noqa: F401  pylint: disable=unused-im
 from metonymy.checkpoints import dinov3  # noqa: F401  pylint: disable=unused-import
 from metonymy.checkpoints import clip  # noqa: F401  pylint: disable=unused-import
 
-__all__ = ["CheckpointError", "convert_checkpoint", "load_backbone", "save_converted"]
+__all__ = ["CheckpointError", "check_against_model", "convert_checkpoint", "load_backbone",
+           "save_converted"]
 
 save_converted = store.save_converted
 
 
-def _check_against_model(config: vit.ViTConfig, params, source: str) -> None:
+def check_against_model(config: vit.ViTConfig, params, source: str) -> None:
   """Compares the converted tree with what `VisionTransformer(config)` declares."""
   expected = jax.tree_util.tree_flatten_with_path(vit.param_shapes(config))[0]
   got = jax.tree_util.tree_flatten_with_path(params)[0]
@@ -51,7 +52,7 @@ def convert_raw(raw: RawCheckpoint, family: Optional[str] = None):
   config, params = layout.convert(reader, raw)
   reader.finish(layout.full_name)
   params = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), params)
-  _check_against_model(config, params, raw.path)
+  check_against_model(config, params, raw.path)
   return config, params, layout.full_name
 
 

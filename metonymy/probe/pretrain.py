@@ -225,18 +225,23 @@ def save_stand_in(prefix: str, vit_config, pretrained: Pretrained, record: Dict)
   return [prefix + ".npz", prefix + ".json"]
 
 
-def load_stand_in(prefix: str):
-  """(vit_config, params, heads, record) of a stand-in saved by `save_stand_in`; the arrays are
-  checked against the architecture's shapes, naming any key that does not fit."""
+def read_stand_in_record(prefix: str) -> Dict:
+  """PREFIX.json of a saved stand-in (its recipe, command, quality); the arrays are not read."""
   import json
-  from flax import traverse_util
-  from metonymy.checkpoints.io import CheckpointError
-  from metonymy.models import vit
   for path in (prefix + ".npz", prefix + ".json"):
     if not os.path.exists(path):
       raise FileNotFoundError(f"{path} not found: no stand-in backbone saved under {prefix}.")
   with open(prefix + ".json") as f:
-    record = json.load(f)
+    return json.load(f)
+
+
+def load_stand_in(prefix: str):
+  """(vit_config, params, heads, record) of a stand-in saved by `save_stand_in`; the arrays are
+  checked against the architecture's shapes, naming any key that does not fit."""
+  from flax import traverse_util
+  from metonymy import checkpoints
+  from metonymy.models import vit
+  record = read_stand_in_record(prefix)
   vit_config = vit.ViTConfig.from_dict(record["vit_config"])
   with np.load(prefix + ".npz") as data:
     arrays = {k: data[k] for k in data.files}
@@ -244,13 +249,6 @@ def load_stand_in(prefix: str):
       {tuple(k.split("/")[1:]): v for k, v in arrays.items() if k.startswith("params/")})
   heads = traverse_util.unflatten_dict(
       {tuple(k.split("/")[1:]): v for k, v in arrays.items() if k.startswith("heads/")})
-  expected = traverse_util.flatten_dict(vit.param_shapes(vit_config))
-  found = traverse_util.flatten_dict(params)
-  missing = sorted("/".join(k) for k in set(expected) - set(found))
-  unexpected = sorted("/".join(k) for k in set(found) - set(expected))
-  mismatched = sorted(f"{'/'.join(k)} {found[k].shape} != {expected[k].shape}"
-                      for k in set(found) & set(expected) if found[k].shape != expected[k].shape)
-  if missing or unexpected or mismatched:
-    raise CheckpointError(f"{prefix}.npz does not fit the ViT of {prefix}.json: missing "
-                          f"{missing}, unexpected {unexpected}, shape mismatches {mismatched}.")
+  checkpoints.check_against_model(vit_config, params,
+                                  f"{prefix}.npz (architecture from {prefix}.json)")
   return vit_config, params, heads, record
