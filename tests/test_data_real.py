@@ -93,6 +93,79 @@ def test_keypoint_group_ids_rejects_a_bad_table():
                      keypoint_group_ids=(0, 0))
 
 
+# Tables S8 and S9 written out by hand from the paper (Appendix H), not read from groupings:
+# every attribute's part. CUB by name prefix, with each prefix's number of values.
+CUB_TABLE_S9_BY_HAND = {
+    "has_back_color": ("back", 15), "has_back_pattern": ("back", 4),
+    "has_belly_color": ("belly", 15), "has_belly_pattern": ("belly", 4),
+    "has_breast_color": ("breast", 15), "has_breast_pattern": ("breast", 4),
+    "has_bill_color": ("head", 15), "has_bill_length": ("head", 3), "has_bill_shape": ("head", 9),
+    "has_crown_color": ("head", 15), "has_eye_color": ("head", 14),
+    "has_forehead_color": ("head", 15), "has_head_pattern": ("head", 11),
+    "has_nape_color": ("head", 15), "has_throat_color": ("head", 15),
+    "has_leg_color": ("leg", 15),
+    "has_tail_pattern": ("tail", 4), "has_tail_shape": ("tail", 6),
+    "has_under_tail_color": ("tail", 15), "has_upper_tail_color": ("tail", 15),
+    "has_wing_color": ("wing", 15), "has_wing_pattern": ("wing", 4), "has_wing_shape": ("wing", 5),
+}
+CELEBA_TABLE_S8_BY_HAND = {
+    "hair": ("Bald", "Bangs", "Black_Hair", "Blond_Hair", "Brown_Hair", "Gray_Hair",
+             "Receding_Hairline", "Straight_Hair", "Wavy_Hair"),
+    "hat": ("Wearing_Hat",),
+    "eye": ("Arched_Eyebrows", "Bags_Under_Eyes", "Bushy_Eyebrows", "Narrow_Eyes"),
+    "eyeglasses": ("Eyeglasses",),
+    "nose": ("Big_Nose", "Pointy_Nose"),
+    "mouth": ("Big_Lips", "Mouth_Slightly_Open", "Smiling", "Wearing_Lipstick", "5_o_Clock_Shadow",
+              "Double_Chin", "Goatee", "Mustache", "No_Beard", "Sideburns", "High_Cheekbones",
+              "Rosy_Cheeks"),
+    "ear": ("Wearing_Earrings",),
+    "neck": ("Wearing_Necklace", "Wearing_Necktie"),
+}
+# CheXpert's CSV header (after Path, Sex, Age, Frontal/Lateral, AP/PA) and CheXlocalize's 10
+# tasks in CheXlocalize's order, as its JSON names them.
+CHEXPERT_CSV_OBSERVATIONS_BY_HAND = (
+    "No Finding", "Enlarged Cardiomediastinum", "Cardiomegaly", "Lung Opacity", "Lung Lesion",
+    "Edema", "Consolidation", "Pneumonia", "Atelectasis", "Pneumothorax", "Pleural Effusion",
+    "Pleural Other", "Fracture", "Support Devices")
+CHEXLOCALIZE_TASKS_BY_HAND = (
+    "Enlarged Cardiomediastinum", "Cardiomegaly", "Lung Lesion", "Airspace Opacity", "Edema",
+    "Consolidation", "Atelectasis", "Pneumothorax", "Pleural Effusion", "Support Devices")
+
+
+def _part_of_each_attribute(info):
+  return {name: info.part_names[p] for name, p in zip(info.attribute_names, info.attribute_part)}
+
+
+def test_cub_attribute_parts_table_s9_by_hand():
+  parts = _part_of_each_attribute(cub.dataset_info())
+  assert len(parts) == 248
+  by_prefix = collections.defaultdict(list)  # prefix -> the part of each of its values
+  for name, part in parts.items():
+    by_prefix[groupings.cub_attribute_prefix(name)].append(part)
+  assert all(len(set(p)) == 1 for p in by_prefix.values())  # A prefix never spans two parts.
+  assert {prefix: (p[0], len(p)) for prefix, p in by_prefix.items()} == CUB_TABLE_S9_BY_HAND
+  counts = collections.Counter()
+  for part, size in CUB_TABLE_S9_BY_HAND.values():
+    counts[part] += size
+  assert cub.dataset_info().attribute_groups() == dict(counts)
+
+
+def test_celeba_attribute_parts_table_s8_by_hand():
+  info = celeba.dataset_info()
+  assert _part_of_each_attribute(info) == {
+      name: part for part, names in CELEBA_TABLE_S8_BY_HAND.items() for name in names}
+  assert info.part_names == tuple(CELEBA_TABLE_S8_BY_HAND)
+
+
+def test_chexpert_observations_and_tasks_by_hand():
+  assert groupings.CHEXPERT_OBSERVATIONS == CHEXPERT_CSV_OBSERVATIONS_BY_HAND
+  assert groupings.CHEXLOCALIZE_TASKS == CHEXLOCALIZE_TASKS_BY_HAND
+  csv_names = tuple("Lung Opacity" if t == "Airspace Opacity" else t
+                    for t in CHEXLOCALIZE_TASKS_BY_HAND)
+  info = chexpert.dataset_info()
+  assert info.attribute_names == info.mask_tasks == csv_names
+
+
 def test_celeba_table_s8_counts():
   counts = {part: len(attrs) for part, attrs in groupings.CELEBA_ATTRIBUTE_TABLE}
   assert counts == groupings.CELEBA_PART_COUNTS
