@@ -28,6 +28,7 @@ foreground part wins none logs a warning and writes it into WORKDIR/report.md, w
 evaluation rewrites with its numbers.
 """
 
+import functools
 import importlib
 import json
 import os
@@ -126,9 +127,10 @@ def _global_norm(tree) -> jax.Array:
   return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(tree)))
 
 
-def _finite_or_raise(step: int, metrics, mngr, writer) -> Dict[str, float]:
+def _finite_or_raise(step: int, metrics, mngr, writer, learning_rates) -> Dict[str, float]:
   """Host copy of a step's metrics (without `state_finite`); raises NonFiniteError if the loss,
-  the grad norm or the updated parameters / optimizer state are not finite."""
+  the grad norm or the updated parameters / optimizer state are not finite. The message says
+  what to change (`learning_rates`: config.optimizer.learning_rates, as a dict) before resuming."""
   values = {k: float(v) for k, v in jax.device_get(metrics).items()}
   state_finite = values.pop("state_finite") == 1.0
   if np.isfinite(values["loss"]) and np.isfinite(values["grad_norm"]) and state_finite:
@@ -136,15 +138,21 @@ def _finite_or_raise(step: int, metrics, mngr, writer) -> Dict[str, float]:
   writer.write_scalars(step, values)
   mngr.wait_until_finished()
   last = mngr.latest_step()
-  where = (f"the last good checkpoint is step {last} in {checkpointing.directory(writer.workdir)}; "
-           f"rerunning the same command resumes from it" if last is not None
+  where = (f"the last good checkpoint is step {last} in {checkpointing.directory(writer.workdir)}, "
+           f"which a rerun resumes from" if last is not None
            else "no checkpoint was saved before it")
   bad = {k: v for k, v in values.items() if not np.isfinite(v)}
   if not state_finite:
     bad["updated params/opt_state"] = "NaN/Inf"
-  raise NonFiniteError(f"Non-finite training values at step {step}: {bad}. The run stopped "
-                       f"without saving this state; {where}. Lower the learning rates "
-                       f"(config.optimizer.learning_rates) or check the inputs.")
+  # Rerunning unchanged diverges again: name the largest learning rate and a 10x smaller one.
+  group, lr = max(learning_rates.items(), key=lambda item: item[1], default=("heads", 1.0))
+  raise NonFiniteError(
+      f"Non-finite training values at step {step}: {bad}. The run stopped without saving this "
+      f"state; {where}. Rerunning unchanged will diverge again: lower the learning rates "
+      f"(config.optimizer.learning_rates = {learning_rates}; e.g. "
+      f"--config.optimizer.learning_rates.{group}={lr / 10:g}), add warm-up "
+      f"(config.optimizer.warmup_steps) or gradient clipping (config.optimizer.clip_norm), or "
+      f"check the inputs.")
 
 
 def _train(config, workdir: str, mesh) -> Dict[str, float]:
@@ -230,16 +238,17 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
   # Resume or start.
   mngr = checkpointing.manager(workdir, config.trainer.keep_checkpoints)
   writer = writers.MetricWriter(workdir, enabled=jax.process_index() == 0)
+  finite_or_raise = functools.partial(_finite_or_raise, mngr=mngr, writer=writer,
+                                      learning_rates=config.optimizer.learning_rates.to_dict())
   train_iter = iter(train_ds)
   state = None
   if mngr.latest_step() is not None:
     target = jax.tree_util.tree_map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, state_sh)
     state, latest, refused = checkpointing.restore_newest_finite(mngr, target, train_iter)
-    for bad_step in refused:
+    for bad_step, reason in refused:
       moved = os.path.join(workdir, checkpointing.REFUSED_DIR, str(bad_step))
-      writers.console(f"Warning: refused checkpoint step {bad_step}: it holds NaN/Inf values; "
-                      f"moved to {moved}.")
+      writers.console(f"Warning: refused checkpoint step {bad_step}: {reason}; moved to {moved}.")
     if state is not None:
       writers.console(f"Resumed from step {latest} ({checkpointing.directory(workdir)}).")
     else:  # Every checkpoint was refused: start afresh, from a rewound data iterator.
@@ -248,6 +257,7 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
     state = jax.jit(init_state, in_shardings=(replicated, frozen_sh),
                     out_shardings=state_sh)(rng_init, frozen)
   step = int(jax.device_get(state.step))
+  writer.trim(step)  # The killed run's records after the restored step would appear twice.
   writers.console(
       f"Training {config.model.name}: {vit.count_params(state.params):,} trainable parameters, "
       f"{vit.count_params(frozen):,} frozen; {total_steps} steps ({steps_per_epoch}/epoch) at "
@@ -298,7 +308,7 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
       batch = sharding.global_batch(inputs.device_keys(host_batch, inputs.TRAIN_KEYS), batch_sh)
       state, metrics = train_step(state, frozen, batch)
       if pending is not None:
-        _finite_or_raise(*pending, mngr, writer)
+        finite_or_raise(*pending)
       step += 1
       pending = (step, metrics)
       if first_step:  # Time from here: the first step includes compilation.
@@ -306,7 +316,7 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
         progress, first_step = writers.Progress(total_steps, step), False
       last = step == total_steps
       if step % log_every == 0 or last:
-        values = _finite_or_raise(step, metrics, mngr, writer)
+        values = finite_or_raise(step, metrics)
         values.update({f"lr/{g}": float(fn(step - 1)) for g, fn in schedules.items()})
         values["epoch"] = step / steps_per_epoch
         rate = progress.update(step)
@@ -317,10 +327,10 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
                         f"loss {values['loss']:.4f}, max part share "
                         f"{values['train/part_share/max']:.2f} | {rate}")
       if step % checkpoint_every == 0 or last:
-        _finite_or_raise(step, metrics, mngr, writer)
+        finite_or_raise(step, metrics)
         checkpointing.save(mngr, state, train_iter)
       if step % eval_every == 0 or last:
-        _finite_or_raise(step, metrics, mngr, writer)
+        finite_or_raise(step, metrics)
         with progress.pause():
           last_eval = run_eval(step)
   finally:

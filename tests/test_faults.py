@@ -1,5 +1,8 @@
 """Faults a user hits on purpose (issue 13): a run never saves a non-finite state and never
-resumes from one, and a save that cannot be written ends the run at once instead of hanging."""
+resumes from one or from a checkpoint that does not read, a save that cannot be written ends the
+run at once instead of hanging, and a resume repeats no metrics."""
+
+import json
 
 import importlib.util
 import os
@@ -61,7 +64,8 @@ def test_a_non_finite_update_is_never_saved_and_a_saved_one_is_refused(tmp_path,
 
   # An update to Inf (finite loss and gradients before it): stops before step 5 is saved.
   with pytest.raises(train.NonFiniteError,
-                     match=r"step 5.*updated params/opt_state.*last good checkpoint is step 4"):
+                     match=r"step 5.*updated params/opt_state.*last good checkpoint is step 4.*"
+                           r"lower the learning rates.*learning_rates.heads=1e\+39"):
     train.run(_config(5, heads_lr=1e40), workdir)
   assert _steps(workdir) == [2, 4]
   assert all(_checkpoint_is_finite(workdir, s) for s in _steps(workdir))
@@ -97,3 +101,54 @@ def test_a_save_into_an_unwritable_directory_fails_at_once(tmp_path):
   assert f"checkpoint directory {workdir / 'checkpoints'} is not a writable directory" in (
       proc.stderr), proc.stderr[-3000:]
   assert (workdir / "checkpoints").read_text() == "x\n"
+
+
+def _metric_steps(workdir):
+  """The step of every metrics.jsonl record that has a loss (one per trained step)."""
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [r["step"] for r in map(json.loads, f) if "loss" in r]
+
+
+def test_a_truncated_file_in_the_newest_checkpoint_falls_back_to_the_previous(tmp_path, capsys):
+  workdir = str(tmp_path / "run")
+  train.run(_config(4), workdir)
+  params = os.path.join(checkpointing.directory(workdir), "4", "params")
+  arrays = [os.path.join(d, f) for d, _, files in os.walk(params) for f in files
+            if os.sep + "d" + os.sep in os.path.join(d, f) + os.sep and "ocdbt" in d]
+  broken = max(arrays, key=os.path.getsize)
+  with open(broken, "r+b") as f:
+    f.truncate(100)
+
+  capsys.readouterr()
+  train.run(_config(6), workdir)
+  out = capsys.readouterr().out
+  assert "refused checkpoint step 4: it cannot be read" in out, out
+  assert os.path.join("checkpoints", "4", "params") in out, out  # Names the file.
+  assert "Resumed from step 2" in out, out
+  assert _steps(workdir) == [4, 6]
+  kept = os.path.join(workdir, checkpointing.REFUSED_DIR, "4", "params",
+                      os.path.relpath(broken, params))
+  assert os.path.getsize(kept) == 100  # Left for inspection, untouched.
+
+
+def test_no_readable_checkpoint_is_an_error_that_moves_nothing(tmp_path):
+  workdir = str(tmp_path / "run")
+  train.run(_config(2), workdir)
+  metadata = os.path.join(checkpointing.directory(workdir), "2", "params", "_METADATA")
+  with open(metadata, "w") as f:
+    f.write("{")
+  with pytest.raises(ValueError, match=r"No checkpoint in .* can be restored.*step 2: it cannot"):
+    train.run(_config(4), workdir)
+  assert _steps(workdir) == [2]
+
+
+def test_a_resume_trims_metrics_to_the_restored_step(tmp_path):
+  workdir = str(tmp_path / "run")
+  train.run(_config(4), workdir)
+  # A kill during the save of step 4: the run resumes from step 2 and repeats steps 3 and 4.
+  import shutil
+  shutil.rmtree(os.path.join(checkpointing.directory(workdir), "4"))
+  with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
+    f.write('{"step": 5, "lo')  # And a line the kill cut short.
+  train.run(_config(4), workdir)
+  assert _metric_steps(workdir) == [1, 2, 3, 4]

@@ -15,8 +15,9 @@ Orbax's own directory creation would fail in a background thread and leave the s
 forever.
 
 A checkpoint holding a NaN or Inf is never resumed from (the trainer never writes one: it checks
-the updated state first): `restore_newest_finite` refuses it with a warning naming its step, moves
-it to WORKDIR/refused_checkpoints/<step> for inspection, and restores the newest finite one.
+the updated state first), nor is one with a truncated or missing file when an older one reads:
+`restore_newest_finite` refuses it with a warning naming its step (and the file), moves it to
+WORKDIR/refused_checkpoints/<step> for inspection, and restores the newest usable one.
 
 Arrays restore onto whatever mesh the resuming run has (another device count, another FSDP
 split). The data position is saved per process; resumed with another number of processes, the
@@ -144,22 +145,61 @@ def _refuse(mngr: ocp.CheckpointManager, step: int) -> None:
   mngr.reload()
 
 
+def _unreadable_reason(error: BaseException, step_dir: str) -> str:
+  """One line saying which file of a checkpoint could not be read and why, from an exception
+  chain (TensorStore names the OCDBT database and the array; other errors name the file)."""
+  chain, e = [], error
+  while e is not None and e not in chain:
+    chain.append(e)
+    e = e.__cause__ or e.__context__
+  for e in chain:  # The first message that names a file inside the step's directory.
+    text = str(e).splitlines()[0] if str(e) else ""
+    if step_dir in text or getattr(e, "filename", None):
+      return f"{type(e).__name__}: {text[:400]}"
+  text = str(error).splitlines()[0] if str(error) else ""
+  return f"{type(error).__name__}: {text[:400]} (somewhere under {step_dir})"
+
+
 def restore_newest_finite(mngr: ocp.CheckpointManager, abstract_state, data_iterator):
-  """(state, step, refused) for the newest checkpoint whose parameters and optimizer state are
-  all finite, or (None, None, refused) when there is no such checkpoint. A newer one holding a
-  NaN or Inf is refused with a warning naming its step, moved to WORKDIR/refused_checkpoints/,
-  and listed in `refused`."""
-  refused = []
+  """(state, step, refused) for the newest checkpoint that reads and whose parameters and
+  optimizer state are all finite, or (None, None, refused) when there is none.
+
+  A newer checkpoint that holds a NaN or Inf, or that cannot be read while an older one can (a
+  truncated or missing file: the older one reading shows the run itself fits the checkpoints),
+  is refused with a warning naming its step and the file, moved to
+  WORKDIR/refused_checkpoints/<step> (kept for inspection, out of the way of the step's next
+  save), and listed in `refused` as (step, reason). When no checkpoint reads at all, nothing is
+  moved and a ValueError names every step's error."""
+  refused, unreadable = [], []  # unreadable: (step, reason, error), newest first.
+  directory_ = str(mngr.directory)
+
+  def refuse(step, reason):
+    logging.warning("Refusing checkpoint step %d in %s: %s. Moved to %s; resuming from the "
+                    "newest usable checkpoint instead.", step, directory_, reason,
+                    os.path.join(os.path.dirname(directory_), REFUSED_DIR, str(step)))
+    _refuse(mngr, step)
+    refused.append((step, reason))
+
   for step in sorted(mngr.all_steps(), reverse=True):
-    state = restore(mngr, step, abstract_state, data_iterator)
+    try:
+      state = restore(mngr, step, abstract_state, data_iterator)
+    except Exception as e:  # pylint: disable=broad-except  (TensorStore, JSON, OS errors, ...)
+      reason = _unreadable_reason(e, os.path.join(directory_, str(step)))
+      unreadable.append((step, f"it cannot be read ({reason})", e))
+      continue
+    for bad_step, reason, _ in unreadable:
+      refuse(bad_step, reason)
+    unreadable = []
     if bool(jax.device_get(_all_finite_jit((state.params, state.opt_state)))):
       return state, step, refused
-    logging.warning("Refusing checkpoint step %d in %s: it holds non-finite (NaN/Inf) values. "
-                    "Moved to %s; resuming from the newest finite checkpoint instead.",
-                    step, mngr.directory, os.path.join(os.path.dirname(str(mngr.directory)),
-                                                       REFUSED_DIR, str(step)))
-    _refuse(mngr, step)
-    refused.append(step)
+    refuse(step, "it holds NaN/Inf values")
+  if unreadable:
+    listed = "; ".join(f"step {s}: {r}" for s, r, _ in unreadable)
+    raise ValueError(
+        f"No checkpoint in {directory_} can be restored into this run ({listed}). When every "
+        f"checkpoint fails, the run is the likelier cause (another model, K or backbone than the "
+        f"one that wrote them: compare with the workdir's config.json); nothing was moved."
+    ) from unreadable[0][2]
   return None, None, refused
 
 

@@ -1,7 +1,7 @@
 """Metrics out of a run, without TensorFlow: JSONL, TensorBoard event files, PNGs, the console.
 
   WORKDIR/metrics.jsonl       one {"step": s, "<name>": value, ...} object per line (appended
-                              across resumes)
+                              across resumes; a resume first trims it to the restored step)
   WORKDIR/tensorboard/        event files (tensorboardX; `tensorboard --logdir WORKDIR`)
   WORKDIR/images/<name>_<step>.png
   WORKDIR/report.md           the latest evaluation in words (`write_text`, replaced each time)
@@ -53,6 +53,31 @@ class MetricWriter:
     self._jsonl.flush()
     for name, value in values.items():
       self._tb.add_scalar(name, value, int(step))
+
+  def trim(self, step: int) -> None:
+    """Drops the metrics.jsonl records after `step` (and a line a kill left half-written): a
+    resumed run repeats those steps, which would otherwise appear twice. TensorBoard needs no
+    such help: it drops the events after a step that is logged again."""
+    if not self.enabled:
+      return
+    path = self._jsonl.name
+    self._jsonl.close()
+    with open(path) as f:
+      lines = f.readlines()
+    kept = []
+    for line in lines:
+      try:
+        record = json.loads(line)
+      except ValueError:
+        continue
+      if isinstance(record, dict) and isinstance(record.get("step"), int) and (
+          record["step"] <= step):
+        kept.append(line if line.endswith("\n") else line + "\n")
+    if len(kept) != len(lines):
+      with open(path + ".tmp", "w") as f:  # Written aside, then renamed: a kill keeps one whole.
+        f.writelines(kept)
+      os.replace(path + ".tmp", path)
+    self._jsonl = open(path, "a")
 
   def write_image(self, step: int, name: str, image: np.ndarray) -> Optional[str]:
     """uint8 [H, W, 3] -> a PNG under images/ and a TensorBoard image; returns the PNG path."""
