@@ -15,6 +15,7 @@ from absl import logging
 from ml_collections import config_flags
 
 from metonymy import distributed
+from metonymy import workdir_claim
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.",
                                           lock_config=True)
@@ -35,6 +36,10 @@ JOBS = {
 # (the feature extraction uses that host's devices). Started as several processes they would
 # repeat the same work and race on the same files, so they refuse.
 SINGLE_PROCESS_JOBS = ("probe", "demo")
+# Jobs that may run without --workdir: each has one config family, and workdir_claim refuses a
+# default workdir holding another config's run. Training and the benchmark need --workdir.
+DEFAULT_WORKDIRS = {"demo": os.path.join("workdirs", "demo"),
+                    "backbone_smoke": os.path.join("workdirs", "backbone_smoke")}
 
 
 def main(argv):
@@ -54,13 +59,21 @@ def main(argv):
         f"The {config.job!r} job runs on one host, but this is process {jax.process_index()} of "
         f"{jax.process_count()}: start it as one process (not with launch/local.sh N > 1 or a "
         f"multi-task SLURM job). Multi-host jobs: {sorted(set(JOBS) - set(SINGLE_PROCESS_JOBS))}.")
-  workdir = _WORKDIR.value or os.path.join("workdirs", config.job)
-  os.makedirs(workdir, exist_ok=True)
-  if distributed.is_main_process():
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-      f.write(config.to_json_best_effort(indent=2))
-  logging.info("Running job %s in %s", config.job, workdir)
-  importlib.import_module(JOBS[config.job]).run(config, workdir)
+  workdir = _WORKDIR.value or DEFAULT_WORKDIRS.get(config.job)
+  if workdir is None:
+    raise app.UsageError(
+        f"--workdir=DIR is required for the {config.job!r} job: it writes checkpoints and "
+        f"outputs there, and a shared default would mix runs of different configs.")
+  try:  # Locked, and the config checked, before anything is written into the workdir.
+    lock = workdir_claim.claim(workdir, config)
+  except (workdir_claim.WorkdirBusyError, workdir_claim.ConfigMismatchError) as e:
+    sys.exit(f"error: {e}")
+  try:
+    logging.info("Running job %s in %s", config.job, workdir)
+    importlib.import_module(JOBS[config.job]).run(config, workdir)
+  finally:
+    if lock is not None:
+      lock.release()
 
 
 def _load_config_file(spec: str):
