@@ -10,6 +10,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from metonymy import config_lib
@@ -19,6 +20,8 @@ from metonymy.models import attention_masks
 from metonymy.models import stage1 as stage1_lib
 from metonymy.models import two_stage
 from metonymy.models import vit
+from metonymy.training import checkpointing
+from metonymy.training import sharding
 from tests import compile_cache
 
 compile_cache.enable()
@@ -283,3 +286,53 @@ def test_benchmark_backbone_from_a_two_stage_workdir_gives_stage2_features(tmp_p
                       num_parts=masks.model.num_parts)["part_tokens"][:, :, 0]
   np.testing.assert_allclose(np.asarray(early), np.asarray(masks.part_features(images)),
                              atol=1e-5, rtol=0)
+
+
+def _saved_state(workdir):
+  """The latest checkpoint's parameters and optimizer state, as saved (both stages)."""
+  mngr = checkpointing.manager(workdir)
+  try:
+    step = mngr.latest_step()
+    restored = mngr.restore(step, args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(), opt_state=ocp.args.StandardRestore()))
+  finally:
+    mngr.close()
+  return step, restored["params"], restored["opt_state"]
+
+
+@pytest.mark.slow
+def test_ste_resume_after_a_kill_is_bit_exact(tmp_path, monkeypatch):
+  """Stage 1's kill-and-resume test (tests/test_train.py) for the two-stage STE model."""
+  def config():
+    config = _config("ste")
+    config.trainer.num_steps = 6
+    config.trainer.eval_every_steps = 6
+    config.trainer.checkpoint_every_steps = 3
+    return config
+  reference = str(tmp_path / "reference")
+  train.run(config(), reference)
+  workdir = str(tmp_path / "killed")
+  real = sharding.global_batch
+  calls = {"n": 0}
+
+  def dies_at_batch_5(*args, **kwargs):
+    calls["n"] += 1
+    if calls["n"] == 5:  # steps 1-4 done, 4 not checkpointed: the resume replays it
+      raise KeyboardInterrupt("simulated kill")
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(sharding, "global_batch", dies_at_batch_5)
+  with pytest.raises(KeyboardInterrupt):
+    train.run(config(), workdir)
+  monkeypatch.setattr(sharding, "global_batch", real)
+  assert checkpointing.manager(workdir).latest_step() == 3
+  train.run(config(), workdir)
+
+  assert _step_losses(workdir) == _step_losses(reference)
+  (step, params, opt_state), want = _saved_state(workdir), _saved_state(reference)
+  assert step == want[0] == 6
+  leaves = jax.tree_util.tree_leaves_with_path((params, opt_state))
+  expected = jax.tree_util.tree_leaves(want[1:])
+  assert len(leaves) == len(expected) and any("stage2" in jax.tree_util.keystr(p) for p, _ in leaves)
+  for (path, a), b in zip(leaves, expected):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))
