@@ -14,6 +14,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from metonymy import config_checks
 from metonymy import distributed
 from metonymy import workdir_claim
 
@@ -52,6 +53,10 @@ def main(argv):
     raise app.UsageError(f"The config has no `job` field; known jobs: {sorted(JOBS)}.")
   if config.job not in JOBS:
     raise app.UsageError(f"Unknown job {config.job!r}; known jobs: {sorted(JOBS)}.")
+  try:
+    config_checks.check(config)
+  except ValueError as e:
+    sys.exit(f"error: {e}")
   distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   import jax  # After initialize(): asking for the process count starts the backend.
   if config.job in SINGLE_PROCESS_JOBS and jax.process_count() > 1:
