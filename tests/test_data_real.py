@@ -694,3 +694,18 @@ def test_chexpert_cxr_id():
       "patient64541_study1_view1_frontal")
   assert chexpert.cxr_id("test/patient64741/study1/view1_frontal.jpg") == (
       "patient64741_study1_view1_frontal")
+
+
+def test_celeba_attribute_header_with_an_extra_name_says_how_many(tmp_path):
+  """41 attribute names (one extra, not a file column) is a count error, not a missing name."""
+  data = fx.make_celeba(tmp_path, n_images=10)
+  path = data.anno_dir / "list_attr_celeba.txt"
+  lines = path.read_text().splitlines()
+  lines[1] += " Extra_Attribute"
+  path.write_text("\n".join(lines) + "\n")
+  with pytest.raises(base.DataError, match=r"list_attr_celeba.txt:2: malformed header, it has 41 "
+                                           r"names where 40 are expected"):
+    celeba.make_source(data.root, "train")
+  lines[1] = "image_id " + lines[1].rsplit(" ", 1)[0]  # A file column's name is dropped.
+  path.write_text("\n".join(lines) + "\n")
+  assert len(celeba.make_source(data.root, "train")) > 0

@@ -75,6 +75,10 @@ def find_layout(root: PathLike) -> Layout:
       f"{root / _FILES[0]} (flat torchvision layout)")
 
 
+# Names a header may give the file-name column (e.g. Kaggle's CSV-derived copies: `image_id`).
+_FILE_COLUMN_NAMES = ("image_id", "image", "image_name", "filename", "file", "img")
+
+
 def _read_counted(path: Path, nvalues: int, header: Optional[Sequence[str]] = None
                   ) -> Tuple[List[str], List[str], List[int], List[str]]:
   """Reads a `count line, header line, rows` file. Returns (names, values, linenos, header).
@@ -91,12 +95,18 @@ def _read_counted(path: Path, nvalues: int, header: Optional[Sequence[str]] = No
   if len(first) != 1:
     raise base.DataError(f"{path}:1: malformed line, expected the number of rows")
   count = parse_int(first[0], path, 1)
-  # Some copies name the file column in the header (`image_id x_1 ...`): drop it.
-  if len(second) == nvalues + 1:
+  # Some copies name the file column in the header (`image_id x_1 ...`): drop it. Only a file
+  # column's name: an extra value name must be reported, not silently shift every column.
+  if len(second) == nvalues + 1 and (
+      second[0].lower() in _FILE_COLUMN_NAMES
+      or (header is not None and tuple(second[1:]) == tuple(header))):
     second = second[1:]
-  if len(second) != nvalues or (header is not None and tuple(second) != tuple(header)):
-    want = " ".join(header) if header is not None else f"{nvalues} column names"
-    raise base.DataError(f"{path}:2: malformed header, expected {want!r}")
+  if len(second) != nvalues:
+    raise base.DataError(
+        f"{path}:2: malformed header, it has {len(second)} names where {nvalues} are expected "
+        f"(first {second[0] if second else None!r}, last {second[-1] if second else None!r})")
+  if header is not None and tuple(second) != tuple(header):
+    raise base.DataError(f"{path}:2: malformed header, expected {' '.join(header)!r}")
   names, values, linenos = [], [], []
   for lineno, fields in read_rows(path, min_fields=nvalues + 1, skip=2):
     names.append(fields[0])
