@@ -76,9 +76,25 @@ def test_short_run_lowers_the_loss_and_writes_everything(reference):
   loss = np.array([v for _, v in sorted(_losses(workdir).items())])
   assert len(loss) == STEPS
   assert loss[-5:].mean() < 0.8 * loss[:5].mean(), loss
-  for key in ("eval/stage1/mAP", "eval/stage1/AUROC", "eval/parts/NMI", "eval/parts/ARI",
-              "eval/parts/NMI_fg", "eval/parts/ARI_fg"):
-    assert np.isfinite(scalars[key]), key
+  # The loss is a sum of terms: the attribute term goes down too, not only the map terms.
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f]
+  attribute = np.array([r["loss/attribute_stage1"] for r in rows if "loss" in r])
+  assert attribute[-5:].mean() < attribute[:5].mean(), attribute
+  # Values, not just keys: in range, and the ones written are the ones returned. Whether they
+  # beat the chance level needs a backbone that has learned the world (this one is random and
+  # its 30-step run collapses onto the background, NMI 0, AUROC 0.48):
+  # tests/test_part_discovery_regression.py checks that.
+  for key in ("eval/stage1/mAP", "eval/stage1/AUROC"):
+    assert 0.0 < scalars[key] <= 1.0, key
+  for key in ("eval/parts/NMI", "eval/parts/NMI_fg"):
+    assert 0.0 <= scalars[key] <= 100.0, key
+  for key in ("eval/parts/ARI", "eval/parts/ARI_fg"):
+    assert -100.0 <= scalars[key] <= 100.0, key
+  written = [r for r in rows if "eval/stage1/mAP" in r][-1]
+  assert written["step"] == STEPS
+  for key, value in scalars.items():
+    assert written[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
   assert any(n.startswith("events.out.tfevents") for n in os.listdir(f"{workdir}/tensorboard"))
   assert any(n.endswith(".png") for n in os.listdir(f"{workdir}/images"))
   mngr = checkpointing.manager(workdir)
