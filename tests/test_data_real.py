@@ -709,3 +709,35 @@ def test_celeba_attribute_header_with_an_extra_name_says_how_many(tmp_path):
   lines[1] = "image_id " + lines[1].rsplit(" ", 1)[0]  # A file column's name is dropped.
   path.write_text("\n".join(lines) + "\n")
   assert len(celeba.make_source(data.root, "train")) > 0
+
+
+def test_data_check_all_images_lists_every_bad_file_and_counts(tmp_path, capsys):
+  """The default check decodes the first 16 images of each split; --all-images decodes all, with
+  progress, and lists every bad file at the end (issue 13, item 6)."""
+  from metonymy.data import __main__ as data_main
+  data = fx.make_cub(tmp_path, n_images=48, extra_field_lines=0)
+  src = cub.make_source(data.root, "train")
+  assert len(src) > 18
+  late = [src.image_path(17), src.image_path(len(src) - 1)]  # Past the default 16.
+  for path in late:
+    fx.corrupt_file(path)
+  total = sum(len(cub.make_source(data.root, s)) for s in cub.SPLITS)
+
+  assert data_main.main(["check", "--dataset", "cub", "--root", str(data.root)]) == 0
+  out = capsys.readouterr().out
+  assert "images decoded: 32 (the first 16 of each split; --all-images for all" in out, out
+
+  assert data_main.main(["check", "--dataset", "cub", "--root", str(data.root),
+                         "--all-images"]) == 1
+  captured = capsys.readouterr()
+  assert f"decoding train: {len(src)}/{len(src)} (100%)" in captured.err, captured.err
+  assert f"2 bad image file(s) ({total} image(s) decoded" in captured.err, captured.err
+  for path in late:
+    assert f"corrupt image: {path}" in captured.err, captured.err
+
+  clean = fx.make_cub(tmp_path / "clean", n_images=48, extra_field_lines=0)
+  assert data_main.main(["check", "--dataset", "cub", "--root", str(clean.root),
+                         "--all-images"]) == 0
+  out = capsys.readouterr().out
+  assert f"images decoded: {total} (all;" in out, out
+  assert json.loads(out.strip().splitlines()[-1])["images_decoded"] == total

@@ -5,6 +5,8 @@
       --chexpert-uncertainty zeros [--chexpert-frontal-only]
   python -m metonymy.data check --dataset synthetic      # --root is ignored
 
+Every listed image must exist; the first 16 of each split are decoded, or all of them with
+--all-images (a progress line on stderr; every bad file is listed at the end, not only the first).
 Human-readable lines first; the last stdout line is one JSON object (base.CheckReport.to_dict()).
 A missing or malformed file exits with status 1 and the message on stderr.
 """
@@ -12,9 +14,24 @@ A missing or malformed file exits with status 1 and the message on stderr.
 import argparse
 import json
 import sys
+import time
 
 from metonymy import data
 from metonymy.data import base
+
+
+class _Progress:
+  """`decoding <split>: done/total` on stderr, rewritten in place about twice a second."""
+
+  def __init__(self):
+    self._last = 0.0
+
+  def __call__(self, split: str, done: int, total: int) -> None:
+    now = time.monotonic()
+    if done == total or now - self._last > 0.5:
+      self._last = now
+      print(f"\r  decoding {split}: {done:,}/{total:,} ({100 * done / max(total, 1):.0f}%)",
+            end="\n" if done == total else "", file=sys.stderr, flush=True)
 
 
 def main(argv=None) -> int:
@@ -27,6 +44,9 @@ def main(argv=None) -> int:
                      help="CheXpert policy for uncertain (-1) labels")
   check.add_argument("--chexpert-frontal-only", action="store_true",
                      help="CheXpert: count frontal views only")
+  check.add_argument("--all-images", action="store_true",
+                     help="decode every image (default: the first 16 of each split); lists "
+                          "every bad file")
   args = parser.parse_args(argv)
 
   if args.dataset != "synthetic" and not args.root:
@@ -40,6 +60,11 @@ def main(argv=None) -> int:
     if args.dataset != "chexpert":
       parser.error("--chexpert-frontal-only only applies to --dataset chexpert")
     options["frontal_only"] = True
+  if args.all_images:
+    if args.dataset == "synthetic":
+      parser.error("--all-images does not apply to --dataset synthetic (its images are rendered, "
+                   "not read from files)")
+    options.update(verify_images=-1, progress=_Progress())
   print(f"checking {args.dataset}" + (f" at {args.root}" if args.dataset != "synthetic" else ""),
         flush=True)
   try:
@@ -53,6 +78,10 @@ def main(argv=None) -> int:
         + ", ".join(f"{part} {count}" for part, count in report.attribute_groups.items()))
   if report.keypoint_groups:
     print(f"  keypoint groups: {', '.join(report.keypoint_groups)}")
+  if args.dataset != "synthetic":
+    print(f"  images decoded: {report.images_decoded:,} "
+          f"({'all' if args.all_images else 'the first 16 of each split; --all-images for all'}; "
+          f"every listed image exists)")
   if report.masks:
     print(f"  images with localization masks: {report.masks}")
   for warning in report.warnings:

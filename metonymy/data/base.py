@@ -84,6 +84,7 @@ class CheckReport:
   keypoint_groups: List[str]
   masks: int = 0
   warnings: List[str] = dataclasses.field(default_factory=list)
+  images_decoded: int = 0  # How many images the check decoded (every listed one must exist).
 
   def to_dict(self):
     return dataclasses.asdict(self)

@@ -311,9 +311,10 @@ def make_source(root: PathLike, split: str) -> CelebaSource:
   return CelebaSource(load_tables(root), split)
 
 
-def check(root: PathLike, *, verify_images: int = 16) -> base.CheckReport:
+def check(root: PathLike, *, verify_images: int = 16, progress=None) -> base.CheckReport:
   """Parses the annotation files (the bounding-box file too, when present), checks every image
-  exists and decodes the first `verify_images` of each split (all when negative)."""
+  exists and decodes the first `verify_images` of each split (all when negative; every bad image
+  is listed, `progress` as in files.verify_split_images)."""
   tables = load_tables(root)
   layout = find_layout(root)
   warnings = list(tables.warnings)
@@ -331,6 +332,7 @@ def check(root: PathLike, *, verify_images: int = 16) -> base.CheckReport:
       attribute_groups=info.attribute_groups(),
       keypoint_groups=list(info.keypoint_groups),
       warnings=warnings)
-  verify_split_images({s: [src.image_path(i) for i in range(len(src))]
-                       for s, src in sources.items()}, verify_images)
+  report.images_decoded = verify_split_images(
+      {s: [src.image_path(i) for i in range(len(src))] for s, src in sources.items()},
+      verify_images, progress)
   return report

@@ -435,11 +435,12 @@ def make_source(root: PathLike, split: str, *, uncertainty: str = "ignore",
 
 
 def check(root: PathLike, *, uncertainty: str = "ignore", frontal_only: bool = False,
-          chexlocalize_dir: Optional[PathLike] = None, verify_images: int = 16
+          chexlocalize_dir: Optional[PathLike] = None, verify_images: int = 16, progress=None
           ) -> base.CheckReport:
   """Reads train.csv and valid.csv (required), test.csv (if present) and the CheXlocalize JSONs
   (if found; every run length is checked), checks every image exists and decodes the first
-  `verify_images` of each split (all when negative)."""
+  `verify_images` of each split (all when negative; every bad image is listed, `progress` as in
+  files.verify_split_images)."""
   dataset_dir = find_dataset_dir(root)
   for name in ("train.csv", "valid.csv"):
     require_file(dataset_dir / name)
@@ -480,6 +481,7 @@ def check(root: PathLike, *, uncertainty: str = "ignore", frontal_only: bool = F
       keypoint_groups=[],
       masks=num_masks,
       warnings=warnings)
-  verify_split_images({s: [src.image_path(i) for i in range(len(src))]
-                       for s, src in sources.items()}, verify_images)
+  report.images_decoded = verify_split_images(
+      {s: [src.image_path(i) for i in range(len(src))] for s, src in sources.items()},
+      verify_images, progress)
   return report

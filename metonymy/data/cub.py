@@ -398,9 +398,11 @@ def make_source(root: PathLike, split: str, *, attributes_txt: Optional[PathLike
 
 
 def check(root: PathLike, *, attributes_txt: Optional[PathLike] = None,
-          ignore_not_visible: bool = False, verify_images: int = 16) -> base.CheckReport:
+          ignore_not_visible: bool = False, verify_images: int = 16,
+          progress=None) -> base.CheckReport:
   """Parses every annotation file, checks every image exists and decodes the first
-  `verify_images` of each split (all when negative). Raises DataError on the first problem."""
+  `verify_images` of each split (all when negative). Raises DataError on the first annotation
+  problem, or listing every bad image (`progress` as in files.verify_split_images)."""
   tables = load_tables(root, attributes_txt)
   sources = {s: CubSource(tables, s, ignore_not_visible) for s in SPLITS}
   info = dataset_info()
@@ -411,6 +413,7 @@ def check(root: PathLike, *, attributes_txt: Optional[PathLike] = None,
       attribute_groups=info.attribute_groups(),
       keypoint_groups=list(info.keypoint_groups),
       warnings=list(tables.warnings))
-  verify_split_images({s: [src.image_path(i) for i in range(len(src))]
-                       for s, src in sources.items()}, verify_images)
+  report.images_decoded = verify_split_images(
+      {s: [src.image_path(i) for i in range(len(src))] for s, src in sources.items()},
+      verify_images, progress)
   return report

@@ -6,7 +6,7 @@ not at all, never silently skewed.
 
 import os
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from PIL import Image
@@ -84,16 +84,33 @@ def missing_images(paths: Sequence[Path]) -> List[Path]:
   return [p for p in paths if not os.path.isfile(p)]
 
 
-def verify_split_images(split_paths: Dict[str, Sequence[Path]], verify: int) -> None:
-  """Every listed image must exist; the first `verify` of each split (all if < 0) must decode."""
+def verify_split_images(split_paths: Dict[str, Sequence[Path]], verify: int,
+                        progress: Optional[Callable[[str, int, int], None]] = None) -> int:
+  """Every listed image must exist; the first `verify` of each split (all if < 0) must decode.
+
+  Returns how many images were decoded. Every bad file is found before anything is raised: the
+  DataError lists them all (missing and corrupt), so one pass over a dataset finds every broken
+  file, not one per run. `progress(split, done, total)` is called as the decoding goes.
+  """
+  bad: List[str] = []
+  decoded = 0
   for split, paths in split_paths.items():
-    gone = missing_images(paths)
-    if gone:
-      raise base.DataError(
-          f"{len(gone)} image(s) of split {split!r} are missing, first: {gone[0]}")
-    todo = paths if verify < 0 else paths[:verify]
-    for p in todo:
-      load_rgb(Path(p))
+    gone = set(missing_images(paths))
+    bad.extend(f"missing image of split {split!r}: {p}" for p in paths if p in gone)
+    todo = [p for p in (paths if verify < 0 else paths[:verify]) if p not in gone]
+    for i, p in enumerate(todo):
+      try:
+        load_rgb(Path(p))
+      except base.DataError as e:
+        bad.append(f"{e} (split {split!r})")
+      decoded += 1
+      if progress is not None:
+        progress(split, i + 1, len(todo))
+  if bad:
+    listed = "\n  ".join(bad)
+    raise base.DataError(f"{len(bad)} bad image file(s) ({decoded} image(s) decoded, every listed "
+                         f"image's existence checked):\n  {listed}")
+  return decoded
 
 
 def example_index(i, length: int, what: str) -> int:
