@@ -16,6 +16,7 @@ from sklearn.linear_model import LogisticRegression
 from metonymy import config_lib
 from metonymy.data import synthetic
 from metonymy.data import transforms as transforms_lib
+from metonymy.models import stage1
 from metonymy.models import vit
 from metonymy.probe import benchmark
 from metonymy.probe import cache as cache_lib
@@ -124,7 +125,6 @@ def test_file_masks_layouts_and_errors(tmp_path):
 
 def test_stage1_mask_source_adapts_part_masks(monkeypatch):
   """The adapter around stage1.PartMasks (a stub here: training one is the Stage-1 tests' job)."""
-  stage1 = pytest.importorskip("metonymy.models.stage1")
   seen = {}
 
   class FakePartMasks:
@@ -361,6 +361,11 @@ def _synthetic_run(tmp_path, seed, pretrain_steps, batch_size=16):
   return results
 
 
+# PS (late, early) of the random-init tiny ViT on seeds 0 and 1, measured on 2026-11-30 (seed 2
+# gave (0.317, 0.304): early - late = -0.013).
+RANDOM_INIT_PS = {0: (0.3208, 0.3235), 1: (0.3147, 0.3164)}
+
+
 @pytest.mark.slow
 def test_synthetic_world_random_init_vit(tmp_path):
   """Correlation 0, ground-truth masks, random-init tiny ViT (issue 4's test).
@@ -370,13 +375,17 @@ def test_synthetic_world_random_init_vit(tmp_path):
   within +-0.015 with either sign): random attention mixes a near-uniform average of all tokens,
   mostly background, into every token, so late features move a lot (causal leakage 0.3-0.5) but
   other parts' attributes stay undecodable (off-diagonal late mAP only ~0.005 above early), and
-  the own-part mAP differs between the two feature types by about as much. The ordering is
-  reported as an expected failure when it does not hold; see the trained test below.
+  the own-part mAP differs between the two feature types by about as much. So instead of the
+  ordering, the recorded PS values are asserted (to 0.01: another machine's float rounding moves
+  them by far less), and that the gap stays within the noise band it was measured in; the
+  ordering itself is the trained test's (below).
   """
-  runs = [_synthetic_run(tmp_path, seed, 0) for seed in (0, 1)]
-  measured = [(round(r["ps_late"], 3), round(r["ps_early"], 3)) for r in runs]
-  if not all(r["ps_early"] > r["ps_late"] for r in runs):
-    pytest.xfail(f"random-init ViT: PS (late, early) per seed {measured}; not robustly ordered")
+  for seed, (late, early) in RANDOM_INIT_PS.items():
+    (tmp_path / str(seed)).mkdir()
+    r = _synthetic_run(tmp_path / str(seed), seed, 0)
+    assert (r["ps_late"], r["ps_early"]) == pytest.approx((late, early), abs=0.01), (seed, r)
+    assert r["ps_gap"] == pytest.approx(r["ps_early"] - r["ps_late"])
+    assert abs(r["ps_gap"]) < 0.03, (seed, r["ps_gap"])
 
 
 @pytest.mark.slow
