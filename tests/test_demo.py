@@ -8,8 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from sklearn import metrics as skm
 
 from metonymy import config_lib
+from metonymy import data as data_lib
 from metonymy import demo
 from metonymy import explore
 from metonymy.models import vit
@@ -162,6 +164,32 @@ def test_tiny_demo_writes_report_and_results(tiny_demo):
     assert isinstance(s[key], float), key
   # Early masking: part k's feature is a function of part k's pixels only.
   assert s["causal_leakage_early"] == 0.0 and s["causal_leakage_late"] > 0.0
+  # Values, not just keys. The summary carries the numbers the sub-runs measured.
+  pd = saved["part_discovery"]
+  for run, suffix in (("single", "single"), ("two_stage_ste", "two_stage")):
+    for metric in ("NMI", "ARI", "NMI_fg", "ARI_fg"):
+      assert s[f"{metric.lower()}_{suffix}"] == pd[run][metric], (run, metric)
+    assert s[f"max_part_share_{suffix}"] == max(pd[run]["part_share"])
+    assert 0.0 <= pd[run]["NMI"] <= 100.0 and -100.0 <= pd[run]["ARI"] <= 100.0, pd[run]
+    # Neither tiny run collapsed (recorded), so its parts split the keypoints somewhat.
+    assert not pd[run]["collapsed"] and pd[run]["NMI"] > 0.0, pd[run]
+  assert s["map_single"] == pd["single"]["mAP"]["stage1"]
+  for head in ("stage1", "stage2", "ensemble"):
+    assert s[f"map_two_stage_{head}"] == pd["two_stage_ste"]["mAP"][head]
+    assert 0.0 < s[f"map_two_stage_{head}"] <= 1.0
+  # The chance level is a constant predictor's mAP on the evaluated images, recomputed here
+  # with sklearn. Beating it takes a backbone that has learned the world and more than the
+  # tiny run's 3 steps: tests/test_part_discovery_regression.py checks that.
+  config = _config("demo", "tiny")
+  data = demo._with_world(config.single, config.world).data
+  source = data_lib.make_source(data.dataset, data.root or None, data.eval_split,
+                                **data.options.to_dict())
+  labels = np.stack([source[i]["attributes"] for i in range(int(pd["single"]["num_examples"]))])
+  constant = np.zeros(len(labels))
+  chance = np.mean([skm.average_precision_score(column, constant)
+                    for column in labels.T if column.any()])
+  assert s["map_chance"] == pytest.approx(chance) and pd["chance_mAP"] == s["map_chance"]
+  assert 0.0 < chance < 1.0
   assert set(saved["part_discovery"]["two_stage_ste"]["mAP"]) == {"stage1", "stage2", "ensemble"}
   assert saved["seconds"]["total"] > 0
   # The stand-in's own quality was measured on val, beside the chance level.
