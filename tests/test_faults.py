@@ -152,3 +152,118 @@ def test_a_resume_trims_metrics_to_the_restored_step(tmp_path):
     f.write('{"step": 5, "lo')  # And a line the kill cut short.
   train.run(_config(4), workdir)
   assert _metric_steps(workdir) == [1, 2, 3, 4]
+
+
+# ------------------------------------------------------------------------------------------------
+# Repeated SIGKILLs: a run killed at random moments (at a step, during a checkpoint save, during
+# start-up) and resumed each time ends with exactly the parameters of an uninterrupted run.
+
+_KILL_STEPS = 40
+
+
+def _start(workdir):
+  import queue
+  import threading
+  env = dict(os.environ, PYTHONUNBUFFERED="1", **compile_cache.ENV)
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "metonymy.main", "--config=configs/synthetic_single.py:runlocal",
+       f"--workdir={workdir}", f"--config.trainer.num_steps={_KILL_STEPS}",
+       "--config.trainer.checkpoint_every_steps=2", "--config.trainer.eval_every_steps=1000"],
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+  lines = queue.Queue()
+  threading.Thread(target=lambda: [lines.put(l) for l in proc.stdout] + [lines.put(None)],
+                   daemon=True).start()
+  return proc, lines
+
+
+def _saving(workdir):
+  """Whether a checkpoint is being written (Orbax's temporary step directory exists)."""
+  try:
+    return any("tmp" in name for name in os.listdir(checkpointing.directory(workdir)))
+  except FileNotFoundError:
+    return False
+
+
+def _raw_state(workdir, step):
+  import orbax.checkpoint as ocp
+  mngr = ocp.CheckpointManager(checkpointing.directory(workdir))
+  try:
+    restored = mngr.restore(step, args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(), opt_state=ocp.args.StandardRestore()))
+  finally:
+    mngr.close()
+  return [np.asarray(x) for x in jax.tree_util.tree_leaves(
+      (restored["params"], restored["opt_state"]))]
+
+
+def _run_and_kill(workdir, moment, rng, log):
+  """Starts the run and SIGKILLs it at `moment` ("step", "save" or "startup"); returns what was
+  happening at the kill, or None if the run finished first."""
+  import queue
+  import signal
+  import time
+  proc, lines = _start(workdir)
+  output, resumed, step, deadline = [], 0, 0, time.monotonic() + 300
+  ahead = int(rng.integers(1, 7))  # Steps past the resumed one before a "step"/"save" kill.
+  startup_delay = float(rng.uniform(0.5, 3.0))
+  started = time.monotonic()
+  while time.monotonic() < deadline:
+    try:
+      line = lines.get(timeout=0.001)
+    except queue.Empty:
+      line = ""
+    if line is None:
+      break
+    if line:
+      output.append(line)
+      if line.startswith("Resumed from step "):
+        resumed = int(line.split()[3])
+      if line.startswith("step "):
+        step = int(line.split()[1].split("/")[0])
+    fire = ((moment == "step" and step >= resumed + ahead) or
+            (moment == "save" and step >= resumed + ahead and _saving(workdir)) or
+            (moment == "startup" and time.monotonic() - started > startup_delay))
+    if fire:
+      if moment == "step":
+        time.sleep(float(rng.uniform(0, 0.03)))
+      during_save = _saving(workdir)
+      proc.send_signal(signal.SIGKILL)
+      proc.wait()
+      log.append(f"killed ({moment}) after step {step}, resumed from {resumed}"
+                 f"{', during a save' if during_save else ''}")
+      return during_save
+  proc.wait(timeout=60)
+  assert proc.returncode == 0, "".join(output)[-4000:]
+  log.append(f"not killed ({moment}): finished, resumed from {resumed}")
+  return None
+
+
+@pytest.mark.slow
+def test_repeated_sigkills_resume_to_the_uninterrupted_result(tmp_path):
+  import time
+  start = time.monotonic()
+  reference = str(tmp_path / "reference")
+  proc, _ = _start(reference)
+  assert proc.wait(timeout=300) == 0
+
+  workdir = str(tmp_path / "killed")
+  rng = np.random.default_rng(13)
+  log, kills, during_saves = [], 0, 0
+  for moment in ("startup", "step", "save", "step", "save", "step", "save"):
+    during_save = _run_and_kill(workdir, moment, rng, log)
+    if during_save is not None:
+      kills += 1
+      during_saves += during_save
+  proc, lines = _start(workdir)  # The final resume, to the end.
+  assert proc.wait(timeout=300) == 0
+  elapsed = time.monotonic() - start
+  summary = f"{kills} kills ({during_saves} during a save) in {elapsed:.0f} s: {log}"
+  print(summary)
+  assert kills >= 5 and during_saves >= 2, summary
+
+  got, expected = _raw_state(workdir, _KILL_STEPS), _raw_state(reference, _KILL_STEPS)
+  assert len(got) == len(expected)
+  for a, b in zip(got, expected):
+    assert a.dtype == b.dtype and np.array_equal(a, b), summary  # Bit for bit.
+  assert _metric_steps(workdir) == list(range(1, _KILL_STEPS + 1)), summary
+  assert not os.path.exists(os.path.join(workdir, "run.lock"))
