@@ -17,8 +17,9 @@ The run, in order:
      checkpoints and evaluation at their intervals. A non-finite loss, gradient norm, or updated
      parameter / optimizer state stops the run before that state is saved or evaluated (the train
      step returns an all-finite reduction of what it updated, checked on the host before every
-     save); on resume, a checkpoint holding a NaN/Inf is refused in favour of the newest finite
-     one.
+     save); on resume, a checkpoint holding a NaN/Inf, or one that does not read while an older
+     one does, is refused in favour of the newest usable one, and metrics.jsonl is trimmed to
+     the restored step.
 
 Collapse is reported, not hidden: every step measures the share of the training batch's patches
 that each part wins (`train/part_share/<k>`, `train/part_share/max`, `train/part_mass/<k>`; k = K
