@@ -76,11 +76,13 @@ def test_short_run_lowers_the_loss_and_writes_everything(reference):
   loss = np.array([v for _, v in sorted(_losses(workdir).items())])
   assert len(loss) == STEPS
   assert loss[-5:].mean() < 0.8 * loss[:5].mean(), loss
-  # The loss is a sum of terms: the attribute term goes down too, not only the map terms.
+  # The loss is a sum of terms: the attribute term goes down too, not only the map terms. On a
+  # random backbone it mostly learns the labels' rates: measured last/first-5 ratio 0.74, and
+  # 0.93 when the attribute loss sends no gradient (tools/mutants.py attribute_head_frozen).
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f]
   attribute = np.array([r["loss/attribute_stage1"] for r in rows if "loss" in r])
-  assert attribute[-5:].mean() < attribute[:5].mean(), attribute
+  assert attribute[-5:].mean() < 0.85 * attribute[:5].mean(), attribute
   # Values, not just keys: in range, and the ones written are the ones returned. Whether they
   # beat the chance level needs a backbone that has learned the world (this one is random and
   # its 30-step run collapses onto the background, NMI 0, AUROC 0.48):

@@ -1,0 +1,268 @@
+"""Mutation smoke check: plants plausible bugs, one at a time, in a temporary copy of the
+repository, runs the tests that should catch each, and prints a caught/survived table.
+
+  python tools/mutants.py                      # the quick mutants (CI runs this, ~3 min)
+  python tools/mutants.py --all                # and those whose tests take minutes
+  python tools/mutants.py ste_hard_gradient    # some, by name
+  python tools/mutants.py --list --all
+
+Exits non-zero unless every mutant is caught. A mutant whose target text is missing from the
+source (the code moved on) fails the whole run before anything runs: update the mutant, do not
+drop it. The targeted tests first run once on the unmutated copy, so a test that already fails
+can never count as catching a bug. The working tree itself is never written to.
+"""
+
+import argparse
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Sequence, Tuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COPIED = ("metonymy", "tests", "configs", "colabs", "pyproject.toml")
+TIMEOUT_S = 600
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+  name: str
+  path: str  # Relative to the repository root.
+  edits: Tuple[Tuple[str, str], ...]  # (exact text, replacement); each text must occur once.
+  tests: Tuple[str, ...]  # pytest node ids (a file, a test, or one parametrization).
+  bug: str
+  slow: bool = False  # Its tests take minutes: run with --all (README), not in CI.
+
+
+MUTANTS: Sequence[Mutant] = (
+    # The six of issue 15's table.
+    Mutant("ps_sign", "metonymy/evaluation/part_metrics.py",
+           (("ps_g = mean_plus - mean_minus", "ps_g = mean_minus - mean_plus"),),
+           ("tests/test_evaluation_metrics.py::test_part_specificity_hand_computed",),
+           "PS sign swapped"),
+    Mutant("last_layer_unmasked", "metonymy/models/vit.py",
+           (("    for block in self.blocks:\n      x = block(x, mask, bias, rope, straight_through)",
+             "    for i, block in enumerate(self.blocks):\n"
+             "      last = i == len(self.blocks) - 1\n"
+             "      x = block(x, None if last else mask, bias, rope, straight_through)"),),
+           ("tests/test_vit_masking.py",),
+           "block mask dropped in the last layer"),
+    Mutant("tanh_gelu", "metonymy/models/vit.py",
+           (("jax.nn.gelu(x, approximate=False)", "jax.nn.gelu(x, approximate=True)"),),
+           ("tests/test_import_timm_style.py::test_parity_plain_and_early",),
+           "tanh-approximate GELU in the ViT MLP"),
+    Mutant("cub_wing_leg_swap", "metonymy/data/groupings.py",
+           (('"leg": ("left leg", "right leg"),', '"leg": ("left wing", "right leg"),'),
+            ('"wing": ("left wing", "right wing"),', '"wing": ("left leg", "right wing"),')),
+           ("tests/test_data_real.py::test_cub_keypoint_groups_table_s7",),
+           "CUB left wing and left leg swapped between Table S7 groups"),
+    Mutant("ste_hard_gradient", "metonymy/models/vit.py",
+           (("out = jax.lax.stop_gradient(hard) + (soft - jax.lax.stop_gradient(soft))",
+             "out = hard + (soft - jax.lax.stop_gradient(soft))"),),
+           ("tests/test_ste_gradients.py::test_ste_forward_is_hard_and_gradient_is_soft_in_every_layer",),
+           "STE without stop_gradient on the hard branch"),
+    Mutant("soft_bias_squared", "metonymy/models/attention_masks.py",
+           (("return jnp.log(affinity + eps)[:, None]",
+             "return jnp.log(affinity ** 2 + eps)[:, None]"),),
+           ("tests/test_ste_gradients.py::test_soft_bias_by_hand_for_real_probabilities",),
+           "soft bias uses the squared affinity"),
+    # The grouping tables (item 1): a swap that keeps every count, so only the tables written
+    # out by hand in the test can see it.
+    Mutant("cub_s9_patterns_swapped", "metonymy/data/groupings.py",
+           (('("has_back_pattern", "back", _PATTERNS),', '("has_back_pattern", "belly", _PATTERNS),'),
+            ('("has_belly_pattern", "belly", _PATTERNS),', '("has_belly_pattern", "back", _PATTERNS),')),
+           ("tests/test_data_real.py::test_cub_attribute_parts_table_s9_by_hand",),
+           "CUB back and belly patterns swapped between Table S9 parts"),
+    Mutant("celeba_s8_hat_ear_swapped", "metonymy/data/groupings.py",
+           (('("hat", ("Wearing_Hat",)),', '("hat", ("Wearing_Earrings",)),'),
+            ('("ear", ("Wearing_Earrings",)),', '("ear", ("Wearing_Hat",)),')),
+           ("tests/test_data_real.py::test_celeba_attribute_parts_table_s8_by_hand",),
+           "CelebA Wearing_Hat and Wearing_Earrings swapped between Table S8 parts"),
+    Mutant("chexpert_tasks_reordered", "metonymy/data/groupings.py",
+           (('"Lung Opacity", "Edema",\n    "Consolidation",',
+             '"Lung Opacity", "Consolidation",\n    "Edema",'),),
+           ("tests/test_data_real.py::test_chexpert_observations_and_tasks_by_hand",),
+           "CheXpert Edema and Consolidation out of CheXlocalize's order"),
+    # Losses.
+    Mutant("bce_ignores_valid", "metonymy/losses.py",
+           (("return jnp.sum(losses * valid) / jnp.maximum(jnp.sum(valid), 1.0)",
+             "return jnp.mean(losses)"),),
+           ("tests/test_losses.py::test_attribute_bce_hand_value_and_valid_mask",),
+           "attribute BCE averages over unknown labels too"),
+    Mutant("entropy_wrong_axis", "metonymy/losses.py",
+           (("return jnp.mean(-jnp.sum(maps * jnp.log(jnp.maximum(maps, _TINY)), axis=1))",
+             "return jnp.mean(-jnp.sum(maps * jnp.log(jnp.maximum(maps, _TINY)), axis=-1))"),),
+           ("tests/test_losses.py::test_pixel_entropy_hand_value_and_finite_gradient_at_zero",),
+           "pixel entropy summed over a spatial axis instead of the parts"),
+    Mutant("attribute_head_frozen", "metonymy/losses.py",
+           (("losses = optax.sigmoid_binary_cross_entropy(logits, labels)",
+             "losses = optax.sigmoid_binary_cross_entropy(jax.lax.stop_gradient(logits), labels)"),),
+           ("tests/test_train.py::test_short_run_lowers_the_loss_and_writes_everything",),
+           "a stray stop_gradient: the attribute loss never trains anything", slow=True),
+    # Routing.
+    Mutant("routing_over_attributes", "metonymy/models/stage1.py",
+           (("routing = jax.nn.softmax(scores, axis=-1)", "routing = jax.nn.softmax(scores, axis=1)"),),
+           ("tests/test_stage1.py::test_logits_pooling_and_routing_follow_the_equations",),
+           "routing softmax over the attributes instead of the parts"),
+    # Masks.
+    Mutant("prefix_groups_interleaved", "metonymy/models/attention_masks.py",
+           (("prefix_groups = jnp.repeat(jnp.arange(num_parts + 1, dtype=jnp.int32), num_prefix)",
+             "prefix_groups = jnp.tile(jnp.arange(num_parts + 1, dtype=jnp.int32), num_prefix)"),),
+           ("tests/test_vit_masking.py",),
+           "prefix copies' group ids interleaved instead of copy-major (wrong with registers)"),
+    Mutant("selected_gradient_dropped", "metonymy/models/attention_masks.py",
+           (("log_weight = log_selected - jax.lax.stop_gradient(log_selected)",
+             "log_weight = jax.lax.stop_gradient(log_selected) - jax.lax.stop_gradient("
+             "log_selected)"),),
+           ("tests/test_two_stage.py::test_hard_gradient_reaches_the_selected_part_of_each_patch_only[0]",),
+           "hard masks' Appendix F gradient silently dropped"),
+    # Metrics.
+    Mutant("ap_tie_start", "metonymy/evaluation/metrics.py",
+           (("  end = _tie_group_end(s)\n  precision_at_end",
+             "  end = _tie_group_start(s)\n  precision_at_end"),),
+           ("tests/test_evaluation_metrics.py::test_ap_auroc_match_sklearn_with_ties_and_weights",),
+           "AP takes the precision at the start of a tie group"),
+    Mutant("nmi_ari_swapped", "metonymy/evaluation/part_metrics.py",
+           (('{"nmi": 100.0 * nmi, "ari": 100.0 * ari', '{"nmi": 100.0 * ari, "ari": 100.0 * nmi'),),
+           ("tests/test_evaluation_metrics.py::test_keypoint_nmi_ari_with_and_without_background",
+            "tests/test_evaluation_metrics.py::test_keypoint_nmi_ari_two_points_per_group_hand_computed"),
+           "keypoint NMI and ARI reported under each other's names"),
+    Mutant("ps_from_auroc", "metonymy/probe/benchmark.py",
+           (("mm = metrics.group_mean(ap, attr_group, num_groups)",
+             "mm = metrics.group_mean(auc, attr_group, num_groups)"),),
+           ("tests/test_probe.py::test_synthetic_world_random_init_vit",),
+           "the benchmark's PS computed from AUROC instead of mAP", slow=True),
+    Mutant("demo_summary_nmi_fg", "metonymy/demo.py",
+           (('"nmi_single": single["NMI"],', '"nmi_single": single["NMI_fg"],'),),
+           ("tests/test_demo.py::test_tiny_demo_writes_report_and_results",),
+           "the demo's summary reports the foreground NMI as NMI", slow=True),
+    # Data transforms.
+    Mutant("flip_pairs_not_swapped", "metonymy/data/transforms.py",
+           (("      order[a], order[b] = b, a\n", "      order[a], order[b] = a, b\n"),),
+           ("tests/test_data_pipeline.py::test_flip_swaps_pairs_and_their_segmentation_labels",),
+           "horizontal flip keeps left/right keypoints unswapped"),
+    Mutant("keypoints_untransposed", "metonymy/data/transforms.py",
+           (("moved = points @ forward[:2, :2].T + forward[:2, 2]",
+             "moved = points @ forward[:2, :2] + forward[:2, 2]"),),
+           ("tests/test_data_pipeline.py::test_keypoint_dot_segmentation_and_masks_move_together",),
+           "keypoints moved by the transposed affine matrix"),
+    # Checkpoint mapping.
+    Mutant("proj_not_transposed", "metonymy/checkpoints/mapping.py",
+           (('"out_kernel": np.ascontiguousarray(proj_weight.T.reshape(',
+             '"out_kernel": np.ascontiguousarray(proj_weight.reshape('),),
+           ("tests/test_import_timm_style.py::test_parity_plain_and_early",),
+           "torch attention output projection imported without its transpose"),
+    Mutant("qkv_heads_interleaved", "metonymy/checkpoints/mapping.py",
+           (("qkv_weight.T.reshape(width, 3, num_heads, head_dim)",
+             "qkv_weight.T.reshape(width, 3, head_dim, num_heads).swapaxes(2, 3)"),),
+           ("tests/test_import_timm_style.py::test_parity_plain_and_early",),
+           "torch fused qkv split into heads along the wrong axis"),
+)
+
+
+def _copy_repository(dest: str) -> None:
+  ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
+  for name in COPIED:
+    source = os.path.join(ROOT, name)
+    if os.path.isdir(source):
+      shutil.copytree(source, os.path.join(dest, name), ignore=ignore)
+    else:
+      shutil.copy2(source, os.path.join(dest, name))
+
+
+def _mutated(text: str, mutant: Mutant) -> str:
+  for old, new in mutant.edits:
+    count = text.count(old)
+    if count != 1:
+      raise SystemExit(f"mutant {mutant.name}: expected the target text exactly once in "
+                       f"{mutant.path}, found it {count} times:\n{old}")
+    text = text.replace(old, new)
+  return text
+
+
+def _pytest(copy: str, args: Sequence[str]) -> Tuple[int, str, float]:
+  # PYTHONPATH first: the copy's package, not the editable install of the working tree.
+  env = dict(os.environ, PYTHONPATH=copy, PYTHONDONTWRITEBYTECODE="1")
+  start = time.time()
+  proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                         *args], cwd=copy, env=env, capture_output=True, text=True,
+                        timeout=TIMEOUT_S)
+  return proc.returncode, proc.stdout + proc.stderr, time.time() - start
+
+
+def _check_imports_from(copy: str) -> None:
+  env = dict(os.environ, PYTHONPATH=copy)
+  found = subprocess.run([sys.executable, "-c", "import metonymy; print(metonymy.__file__)"],
+                         cwd=copy, env=env, capture_output=True, text=True, check=True)
+  if not os.path.realpath(found.stdout.strip()).startswith(os.path.realpath(copy)):
+    raise SystemExit(f"the copy imports metonymy from {found.stdout.strip()}, not from {copy}")
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("names", nargs="*", help="mutants to run (default: all)")
+  parser.add_argument("--all", action="store_true", help="also the slow mutants")
+  parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+  args = parser.parse_args(argv)
+  by_name = {m.name: m for m in MUTANTS}
+  unknown = sorted(set(args.names) - set(by_name))
+  if unknown:
+    raise SystemExit(f"unknown mutants {unknown}; known: {sorted(by_name)}")
+  chosen = ([by_name[n] for n in args.names] if args.names
+            else [m for m in MUTANTS if args.all or not m.slow])
+  if args.list:
+    for m in chosen:
+      print(f"{m.name:28s} {m.path:38s} {'slow ' if m.slow else ''}{m.bug}")
+    return 0
+
+  start = time.time()
+  with tempfile.TemporaryDirectory(prefix="metonymy-mutants-") as copy:
+    _copy_repository(copy)
+    _check_imports_from(copy)
+    originals = {}
+    for m in chosen:  # Every target must exist before anything runs.
+      with open(os.path.join(copy, m.path)) as f:
+        originals[m.path] = f.read()
+      _mutated(originals[m.path], m)
+
+    baseline = sorted({test for m in chosen for test in m.tests})
+    rc, output, seconds = _pytest(copy, baseline)
+    print(f"baseline: the targeted tests on the unmutated copy: rc {rc} ({seconds:.0f} s)")
+    if rc != 0:
+      print(output[-6000:])
+      raise SystemExit("the targeted tests fail without any mutant: fix them first")
+
+    rows = []
+    for m in chosen:
+      path = os.path.join(copy, m.path)
+      with open(path, "w") as f:
+        f.write(_mutated(originals[m.path], m))
+      try:
+        rc, output, seconds = _pytest(copy, m.tests)
+      finally:
+        with open(path, "w") as f:
+          f.write(originals[m.path])
+      # rc 1: tests ran and failed. 0: they all passed. Anything else (collection or import
+      # error, interrupted) proves nothing about the tests and counts as an error.
+      result = {0: "SURVIVED", 1: "caught"}.get(rc, f"error (rc {rc})")
+      failed = sum(1 for line in output.splitlines() if line.startswith("FAILED "))
+      rows.append((m, result, failed, seconds))
+      print(f"  {m.name}: {result} ({seconds:.0f} s)", flush=True)
+      if rc not in (0, 1):
+        print(output[-4000:])
+
+  print()
+  print(f"| mutant | where | bug | targeted tests | result | s |")
+  print(f"|---|---|---|---|---|---|")
+  for m, result, failed, seconds in rows:
+    print(f"| {m.name} | `{m.path}` | {m.bug} | `{' '.join(m.tests)}` | {result} | {seconds:.0f} |")
+  caught = sum(result == "caught" for _, result, _, _ in rows)
+  print(f"\n{caught}/{len(rows)} caught in {time.time() - start:.0f} s (with the baseline run).")
+  return 0 if caught == len(rows) else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
