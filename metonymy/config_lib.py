@@ -81,8 +81,11 @@ def random_backbone(preset: str = "vit_tiny_test", image_size: int = 0,
 def probe_data(dataset: str, *, root: str = "", train: str = "train", val: str = "",
                test: str = "test", val_fraction: float = 0.2, max_train: int = 0,
                max_val: int = 0, max_test: int = 0, image_size: int = 0, resize: int = 0,
-               read_threads: int = 1, options=None) -> ml_collections.ConfigDict:
+               read_threads: int = 1, options=None, source: str = "") -> ml_collections.ConfigDict:
   """Which splits the probes train, select weight decay and test on (metonymy/probe/benchmark.py).
+
+  source: "" = the dataset's own files under `root`; "tfds" = CelebA from a TFDS data_dir
+    (`root`; metonymy.data.SOURCES).
 
   val: a split name, or "" to carve `val_fraction` of train (seeded by the run's seed).
   max_<role>: a fixed random subset of that many examples (0 = all); the subset does not depend on
@@ -92,7 +95,8 @@ def probe_data(dataset: str, *, root: str = "", train: str = "train", val: str =
   options: the dataset's make_source options (SyntheticConfig fields, CheXpert's uncertainty ...).
   """
   return ml_collections.ConfigDict({
-      "dataset": dataset, "root": root, "train": train, "val": val, "test": test,
+      "dataset": dataset, "root": root, "source": source, "train": train, "val": val,
+      "test": test,
       "val_fraction": val_fraction, "max_train": max_train, "max_val": max_val,
       "max_test": max_test, "image_size": image_size, "resize": resize,
       "read_threads": read_threads, "options": dict(options or {}),
@@ -251,8 +255,12 @@ def part_optimizer() -> ml_collections.ConfigDict:
 
 
 def train_data(dataset: str, *, image_size: int, train_split: str, eval_split: str,
-               root: str = "", batch_size: int = 64, options=None) -> ml_collections.ConfigDict:
+               root: str = "", batch_size: int = 64, options=None,
+               source: str = "") -> ml_collections.ConfigDict:
   """Sources and pipelines of a training run (training/inputs.py).
+
+  source: "" = the dataset's own files under `root`; "tfds" = CelebA from a TFDS data_dir
+    (`root`; metonymy.data.SOURCES).
 
   options: keyword options of the dataset's make_source (SyntheticConfig fields for
     "synthetic"; e.g. the uncertainty policy for "chexpert").
@@ -261,6 +269,7 @@ def train_data(dataset: str, *, image_size: int, train_split: str, eval_split: s
   return ml_collections.ConfigDict({
       "dataset": dataset,
       "root": root,
+      "source": source,
       "train_split": train_split,
       "eval_split": eval_split,
       "options": dict(options or {}),

@@ -1,7 +1,9 @@
-"""Data: the synthetic parts world and the CUB / CelebA / CheXpert sources and pipelines.
+"""Data: the synthetic parts world, CUB / CelebA / CheXpert, a user's own folder, and pipelines.
 
   source = data.make_source("synthetic", None, "train", image_size=64, correlation=0.0)
   source = data.make_source("cub", "/data/CUB_200_2011", "train")
+  source = data.make_source("folder", "/data/my_insects", "train")      # folder.py's format
+  source = data.make_source("celeba", "/data/tensorflow_datasets", "val", source="tfds")
   report = data.check("celeba", "/data/celeba")      # base.CheckReport
 
 Dataset modules are imported lazily, so the synthetic world needs neither PIL-heavy readers nor
@@ -20,6 +22,12 @@ DATASETS = {
     "cub": "metonymy.data.cub",
     "celeba": "metonymy.data.celeba",
     "chexpert": "metonymy.data.chexpert",
+    "folder": "metonymy.data.folder",
+}
+# (name, source) -> module reading the same dataset from another on-disk form (config.data.source;
+# "" = the dataset's own files above).
+SOURCES = {
+    ("celeba", "tfds"): "metonymy.data.celeba_tfds",
 }
 
 
@@ -27,24 +35,32 @@ def names() -> Tuple[str, ...]:
   return tuple(DATASETS)
 
 
-def _module(dataset: str):
+def _module(dataset: str, source: str = ""):
   if dataset not in DATASETS:
     raise ValueError(f"Unknown dataset {dataset!r}; known datasets are {sorted(DATASETS)}.")
+  if source:
+    if (dataset, source) not in SOURCES:
+      known = sorted(s for d, s in SOURCES if d == dataset)
+      raise ValueError(f"Dataset {dataset!r} has no source {source!r}; its sources are "
+                       f"{[''] + known} ('' = its own files).")
+    return importlib.import_module(SOURCES[dataset, source])
   return importlib.import_module(DATASETS[dataset])
 
 
-def make_source(dataset: str, root, split: str, **options):
+def make_source(dataset: str, root, split: str, *, source: str = "", **options):
   """The random-access source of `split` (see base.py for what an example holds).
 
-  `root` is the dataset folder (ignored by "synthetic"); `options` go to the dataset's module
-  (SyntheticConfig fields for "synthetic"; e.g. the uncertainty policy for "chexpert").
+  `root` is the dataset folder (ignored by "synthetic"); `source` another on-disk form of the
+  dataset (`SOURCES`, e.g. "tfds": `root` is a TFDS data_dir); `options` go to the dataset's
+  module (SyntheticConfig fields for "synthetic"; e.g. the uncertainty policy for "chexpert").
   """
-  return _module(dataset).make_source(root, split, **options)
+  return _module(dataset, source).make_source(root, split, **options)
 
 
-def check(dataset: str, root, **options) -> CheckReport:
+def check(dataset: str, root, *, source: str = "", **options) -> CheckReport:
   """Validate a dataset folder (raises DataError naming the file / line that is wrong)."""
-  return _module(dataset).check(root, **options)
+  return _module(dataset, source).check(root, **options)
 
 
-__all__ = ["CheckReport", "DataError", "DatasetInfo", "DATASETS", "check", "make_source", "names"]
+__all__ = ["CheckReport", "DataError", "DatasetInfo", "DATASETS", "SOURCES", "check", "make_source",
+           "names"]

@@ -1,6 +1,9 @@
-"""Command line: validate a dataset folder.
+"""Command line: validate a dataset folder; write the synthetic world as a folder dataset.
 
   python -m metonymy.data check --dataset cub --root /data/CUB_200_2011
+  python -m metonymy.data check --dataset folder --root /data/my_insects   # data/folder.py format
+  python -m metonymy.data check --dataset celeba --source tfds --root ~/tensorflow_datasets
+  python -m metonymy.data export-synthetic --root /tmp/synthetic_folder --examples 200
   python -m metonymy.data check --dataset chexpert --root /data/CheXpert-v1.0-small \
       --chexpert-uncertainty zeros [--chexpert-frontal-only]
   python -m metonymy.data check --dataset synthetic      # --root is ignored
@@ -9,6 +12,10 @@ Every listed image must exist; the first 16 of each split are decoded, or all of
 --all-images (a progress line on stderr; every bad file is listed at the end, not only the first).
 Human-readable lines first; the last stdout line is one JSON object (base.CheckReport.to_dict()).
 A missing or malformed file exits with status 1 and the message on stderr.
+
+export-synthetic writes the first N examples of each split (train, val, test) of the synthetic
+world in the folder format (PNG images and part masks), a worked example of that format; read
+back with --dataset folder they are the built-in source's examples bit for bit.
 """
 
 import argparse
@@ -40,6 +47,9 @@ def main(argv=None) -> int:
   check = sub.add_parser("check", help="validate a dataset folder; last stdout line is JSON")
   check.add_argument("--dataset", required=True, choices=data.names())
   check.add_argument("--root", default=None, help="dataset folder (ignored for synthetic)")
+  check.add_argument("--source", default="",
+                     help="another on-disk form of the dataset: tfds (celeba from a TFDS "
+                          "data_dir given as --root)")
   check.add_argument("--chexpert-uncertainty", default=None, choices=("ignore", "zeros", "ones"),
                      help="CheXpert policy for uncertain (-1) labels")
   check.add_argument("--chexpert-frontal-only", action="store_true",
@@ -47,8 +57,27 @@ def main(argv=None) -> int:
   check.add_argument("--all-images", action="store_true",
                      help="decode every image (default: the first 16 of each split); lists "
                           "every bad file")
+  export = sub.add_parser("export-synthetic",
+                          help="write the synthetic world in the folder format (data/folder.py)")
+  export.add_argument("--root", required=True, help="output folder (new or empty)")
+  export.add_argument("--examples", type=int, default=100, help="examples per split")
+  export.add_argument("--image-size", type=int, default=64)
+  export.add_argument("--correlation", type=float, default=0.0,
+                      help="cross-part attribute correlation of the world")
   args = parser.parse_args(argv)
 
+  if args.command == "export-synthetic":
+    from metonymy.data import folder
+    try:
+      root = folder.export_synthetic(args.root, args.examples, image_size=args.image_size,
+                                     correlation=args.correlation)
+    except (FileExistsError, ValueError) as e:
+      print(f"error: {e}", file=sys.stderr)
+      return 1
+    print(f"wrote {args.examples} examples of each of train, val, test to {root}; read them with "
+          f"--dataset folder --root {root}")
+    return 0
+  options_source = {"source": args.source} if args.source else {}
   if args.dataset != "synthetic" and not args.root:
     parser.error(f"--root is required for --dataset {args.dataset}")
   options = {}
@@ -65,11 +94,11 @@ def main(argv=None) -> int:
       parser.error("--all-images does not apply to --dataset synthetic (its images are rendered, "
                    "not read from files)")
     options.update(verify_images=-1, progress=_Progress())
-  print(f"checking {args.dataset}" + (f" at {args.root}" if args.dataset != "synthetic" else ""),
-        flush=True)
+  print(f"checking {args.dataset}" + (f" at {args.root}" if args.dataset != "synthetic" else "")
+        + (f" (source {args.source})" if args.source else ""), flush=True)
   try:
-    report = data.check(args.dataset, args.root, **options)
-  except base.DataError as e:
+    report = data.check(args.dataset, args.root, **options_source, **options)
+  except (base.DataError, ValueError, ImportError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
   for split, count in report.splits.items():

@@ -56,7 +56,7 @@ def open_split(data_cfg, split: str, max_examples: int):
   if data_cfg.dataset != "synthetic" and not data_cfg.root:
     raise ValueError(f"data.root is empty: pass --config.data.root=<the {data_cfg.dataset} folder>")
   source = data_lib.make_source(data_cfg.dataset, data_cfg.root or None, split,
-                                **_options(data_cfg))
+                                source=data_cfg.get("source", ""), **_options(data_cfg))
   info = source.info
   if max_examples and max_examples < len(source):
     rng = np.random.default_rng(0)

@@ -41,8 +41,11 @@ def sources(data_config) -> Tuple[object, object]:
   options = data_config.options.to_dict() if hasattr(data_config.options, "to_dict") else dict(
       data_config.options)
   root = data_config.root or None
-  train = data_lib.make_source(data_config.dataset, root, data_config.train_split, **options)
-  evaluation = data_lib.make_source(data_config.dataset, root, data_config.eval_split, **options)
+  source = data_config.get("source", "")  # "" = the dataset's own files; "tfds" (CelebA)
+  train = data_lib.make_source(data_config.dataset, root, data_config.train_split, source=source,
+                               **options)
+  evaluation = data_lib.make_source(data_config.dataset, root, data_config.eval_split,
+                                    source=source, **options)
   if data_config.eval_examples:
     evaluation = Subset(evaluation, data_config.eval_examples)
   return train, evaluation
