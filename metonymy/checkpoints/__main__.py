@@ -36,8 +36,10 @@ def main(argv=None) -> int:
     return 1
   checkpoints.save_converted(args.output, config, params, source=f"{args.input} ({layout})")
   from metonymy.models import vit
+  tokens = (f"{config.num_registers} registers" if hasattr(config, "num_registers") else
+            f"no prefix tokens, {getattr(config, 'out_channels', 0)}-channel neck")
   print(f"{args.input}: layout {layout}, {config.depth} blocks, width {config.width}, patch "
-        f"{config.patch_size}, {config.num_registers} registers, "
+        f"{config.patch_size}, {tokens}, "
         f"{vit.count_params(params) / 1e6:.1f}M parameters -> {args.output}")
   return 0
 
