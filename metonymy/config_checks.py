@@ -18,7 +18,7 @@ AT_LEAST_ZERO = ("num_steps", "num_epochs", "checkpoint_every_steps", "eval_ever
                  "eval_examples", "eval_images", "max_train", "max_val", "max_test",
                  "image_size", "resize", "num_parts", "worker_count", "warmup_steps", "steps",
                  "leakage_images", "overlay_images", "bootstrap", "attention_tiles", "patience",
-                 "keep_checkpoints", "fsdp_min_size", "images")
+                 "keep_checkpoints", "fsdp_min_size", "images", "checkpoint_every_minutes")
 RATES = ("learning_rate", "weight_decay", "clip_norm", "tau", "tol", "eps")  # finite, >= 0
 FRACTIONS = ("val_fraction", "alpha", "b1", "b2")  # in [0, 1)
 # Full dotted keys whose rule is stricter than their name's.

@@ -291,6 +291,9 @@ def trainer(num_epochs: int = 30) -> ml_collections.ConfigDict:
       "log_every_steps": 50,
       "eval_every_steps": 0,
       "checkpoint_every_steps": 0,
+      # Also save when this long passed since the last save (0 = off), agreed by every process:
+      # a hard kill loses at most this much work whatever the epoch length (preemption.py).
+      "checkpoint_every_minutes": 30.0,
       "keep_checkpoints": 2,
       "eval_images": 8,
   })

@@ -52,6 +52,7 @@ from metonymy.training import checkpointing
 from metonymy.training import evaluate
 from metonymy.training import inputs
 from metonymy.training import optimizer
+from metonymy.training import preemption
 from metonymy.training import sharding
 from metonymy.training import writers
 
@@ -212,7 +213,7 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
   batch_sh = sharding.batch_sharding(mesh)
   replicated = sharding.replicated(mesh)
 
-  def train_step(state: TrainState, frozen, batch):
+  def train_step(state: TrainState, frozen, batch, wishes):
     rng = jax.random.fold_in(state.rng, state.step)
 
     (loss, metrics), grads = jax.value_and_grad(objective.loss_fn, argnums=1, has_aux=True)(
@@ -223,7 +224,8 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
                    param_norm=_global_norm(params),
                    # What a checkpoint would save: checked on the host before any save.
                    state_finite=checkpointing.all_finite((params, opt_state)).astype(jnp.float32))
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    return (state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics,
+            preemption.Watch.agree(wishes))  # Every process's stop / save wishes, or-ed.
 
   def eval_step(params, frozen, batch):
     out = model.apply(params, frozen, batch["image"], train=False)
@@ -231,8 +233,8 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
     result.update(maps=out["maps"], logits=out["logits"])
     return result
 
-  train_step = jax.jit(train_step, in_shardings=(state_sh, frozen_sh, batch_sh),
-                       out_shardings=(state_sh, replicated), donate_argnums=(0,))
+  train_step = jax.jit(train_step, in_shardings=(state_sh, frozen_sh, batch_sh, batch_sh),
+                       out_shardings=(state_sh, replicated, replicated), donate_argnums=(0,))
   eval_step = jax.jit(eval_step, in_shardings=(state_sh.params, frozen_sh, batch_sh),
                       out_shardings=replicated)
 
@@ -303,37 +305,44 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
   first_step = True
   pending = None  # The previous step's metrics, checked one step late to keep the device busy.
   last_eval: Dict[str, float] = {}
+  # SIGTERM / SIGUSR1 and checkpoint_every_minutes: saves agreed by every process (preemption.py).
+  watch = preemption.Watch(config.trainer.checkpoint_every_minutes, start_step=step)
   try:
-    while step < total_steps:
-      host_batch = next(train_iter)
-      batch = sharding.global_batch(inputs.device_keys(host_batch, inputs.TRAIN_KEYS), batch_sh)
-      state, metrics = train_step(state, frozen, batch)
-      if pending is not None:
-        finite_or_raise(*pending)
-      step += 1
-      pending = (step, metrics)
-      if first_step:  # Time from here: the first step includes compilation.
-        jax.block_until_ready(metrics)
-        progress, first_step = writers.Progress(total_steps, step), False
-      last = step == total_steps
-      if step % log_every == 0 or last:
-        values = finite_or_raise(step, metrics)
-        values.update({f"lr/{g}": float(fn(step - 1)) for g, fn in schedules.items()})
-        values["epoch"] = step / steps_per_epoch
-        rate = progress.update(step)
-        if np.isfinite(progress.steps_per_second):
-          values["steps_per_second"] = progress.steps_per_second
-        writer.write_scalars(step, values)
-        writers.console(f"step {step}/{total_steps} (epoch {values['epoch']:.2f}) "
-                        f"loss {values['loss']:.4f}, max part share "
-                        f"{values['train/part_share/max']:.2f} | {rate}")
-      if step % checkpoint_every == 0 or last:
-        finite_or_raise(step, metrics)
-        checkpointing.save(mngr, state, train_iter)
-      if step % eval_every == 0 or last:
-        finite_or_raise(step, metrics)
-        with progress.pause():
-          last_eval = run_eval(step)
+    with watch:
+      while step < total_steps:
+        host_batch = next(train_iter)
+        batch = sharding.global_batch(inputs.device_keys(host_batch, inputs.TRAIN_KEYS), batch_sh)
+        state, metrics, agreed = train_step(state, frozen, batch, watch.wishes(batch_sh))
+        if pending is not None:
+          finite_or_raise(*pending[:2])
+        step += 1
+        stop, timed = watch.decide(step, pending[2] if pending is not None else None)
+        pending = (step, metrics, agreed)
+        if first_step:  # Time from here: the first step includes compilation.
+          jax.block_until_ready(metrics)
+          progress, first_step = writers.Progress(total_steps, step), False
+        last = step == total_steps
+        if step % log_every == 0 or last:
+          values = finite_or_raise(step, metrics)
+          values.update({f"lr/{g}": float(fn(step - 1)) for g, fn in schedules.items()})
+          values["epoch"] = step / steps_per_epoch
+          rate = progress.update(step)
+          if np.isfinite(progress.steps_per_second):
+            values["steps_per_second"] = progress.steps_per_second
+          writer.write_scalars(step, values)
+          writers.console(f"step {step}/{total_steps} (epoch {values['epoch']:.2f}) "
+                          f"loss {values['loss']:.4f}, max part share "
+                          f"{values['train/part_share/max']:.2f} | {rate}")
+        if step % checkpoint_every == 0 or last or stop or timed:
+          finite_or_raise(step, metrics)
+          checkpointing.save(mngr, state, train_iter)
+          watch.saved(step)
+        if stop and not last:  # A finished run just ends; an unfinished one asks for a requeue.
+          watch.exit_after_save(step, mngr)
+        if step % eval_every == 0 or last:
+          finite_or_raise(step, metrics)
+          with progress.pause():
+            last_eval = run_eval(step)
   finally:
     mngr.wait_until_finished()
     mngr.close()

@@ -1,0 +1,300 @@
+"""Preemption (issue 16): SIGTERM or SIGUSR1 saves the run at one step boundary on every process
+and exits with the requeue status; the rerun ends bit for bit where an uninterrupted run ends.
+Time-based checkpoints (config.trainer.checkpoint_every_minutes) are agreed like signals."""
+
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from metonymy import config_checks
+from metonymy import train
+from metonymy.training import checkpointing
+from metonymy.training import preemption
+from metonymy.training import sharding
+from tests import compile_cache
+from tests import test_faults
+
+compile_cache.enable()
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 40  # Subprocess runs: ~40 steps/s on one loaded core, so a signal lands mid-run.
+
+
+def _config(num_steps, checkpoint_every_steps=1000, minutes=0.0):
+  config = test_faults._config(num_steps)
+  config.trainer.checkpoint_every_steps = checkpoint_every_steps
+  config.trainer.checkpoint_every_minutes = minutes
+  config.trainer.keep_checkpoints = 100
+  return config
+
+
+def _steps(workdir):
+  return sorted(checkpointing.manager(workdir).all_steps())
+
+
+def _assert_same_state(workdir, reference, step):
+  got, expected = test_faults._raw_state(workdir, step), test_faults._raw_state(reference, step)
+  assert len(got) == len(expected)
+  for a, b in zip(got, expected):
+    assert a.dtype == b.dtype and np.array_equal(a, b)  # Bit for bit.
+
+
+# ------------------------------------------------------------------------------------------------
+# In one process: a signal raised at a known step.
+
+
+def test_a_signal_saves_the_next_step_raises_preempted_and_the_rerun_matches(tmp_path,
+                                                                             monkeypatch):
+  reference, workdir = str(tmp_path / "reference"), str(tmp_path / "preempted")
+  train.run(_config(8), reference)
+  before, before_usr1 = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGUSR1)
+
+  real, calls = sharding.global_batch, []
+  def signals_at_step_4(*args, **kwargs):  # The trainer builds step k's batch on call k.
+    calls.append(1)
+    if len(calls) == 4:
+      signal.raise_signal(signal.SIGUSR1)
+    return real(*args, **kwargs)
+  monkeypatch.setattr(sharding, "global_batch", signals_at_step_4)
+  with pytest.raises(preemption.Preempted) as raised:
+    train.run(_config(8), workdir)
+  monkeypatch.undo()
+  # Step 4 carried the wish; its result is read while step 5 runs, so step 5 is saved.
+  assert raised.value.code == preemption.REQUEUE_EXIT_CODE == 75
+  assert raised.value.step == 5 and "SIGUSR1" in str(raised.value)
+  assert _steps(workdir) == [5]
+  assert test_faults._metric_steps(workdir) == [1, 2, 3, 4, 5]
+  # On its way out, the preempted run ignores further signals (else one kills it: status -15).
+  assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+  signal.signal(signal.SIGTERM, before)
+  signal.signal(signal.SIGUSR1, before_usr1)
+
+  train.run(_config(8), workdir)
+  assert signal.getsignal(signal.SIGTERM) is before  # A finished loop puts the handlers back.
+  assert _steps(workdir) == [5, 8]
+  _assert_same_state(workdir, reference, 8)
+  assert test_faults._metric_steps(workdir) == list(range(1, 9))
+
+
+def test_checkpoint_every_minutes_saves_by_the_clock(tmp_path):
+  # Due at every step: a save resets the clock, so the next wish is the step after the save's.
+  workdir = str(tmp_path / "timed")
+  train.run(_config(7, minutes=1e-9), workdir)
+  assert _steps(workdir) == [2, 4, 6, 7]
+  workdir = str(tmp_path / "off")
+  train.run(_config(7, minutes=0.0), workdir)
+  assert _steps(workdir) == [7]
+  assert config_checks.problems(_config(7, minutes=-1.0)) == [
+      "config.trainer.checkpoint_every_minutes=-1.0 must be >= 0 (a size or count; 0 means the "
+      "default or all)."]
+
+
+def test_time_wishes_made_before_a_save_are_stale():
+  watch = preemption.Watch(checkpoint_every_minutes=1.0, start_step=10)
+  due = np.array([0, 1], np.int32)
+  assert watch.decide(11, None) == (False, False)  # A loop's first step has no agreed wishes.
+  assert watch.decide(12, due) == (False, True)
+  watch.saved(12)
+  assert watch.decide(13, due) == (False, False)  # Step 12's wish predates step 12's save.
+  assert watch.decide(14, due) == (False, True)
+  assert watch.decide(15, np.array([1, 0], np.int32)) == (True, False)
+
+
+# ------------------------------------------------------------------------------------------------
+# Real signals to `python -m metonymy.main` subprocesses.
+
+
+def _start(workdir, checkpoint_every_steps=1000, env_extra=None, steps=STEPS):
+  env = dict(os.environ, PYTHONUNBUFFERED="1", **compile_cache.ENV, **(env_extra or {}))
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "metonymy.main", "--config=configs/synthetic_single.py:runlocal",
+       f"--workdir={workdir}", f"--config.trainer.num_steps={steps}",
+       f"--config.trainer.checkpoint_every_steps={checkpoint_every_steps}",
+       "--config.trainer.eval_every_steps=1000", "--config.trainer.keep_checkpoints=100"],
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+  lines = queue.Queue()
+  threading.Thread(target=lambda: [lines.put(l) for l in proc.stdout] + [lines.put(None)],
+                   daemon=True).start()
+  return proc, lines
+
+
+def _signal_when(proc, lines, ready, target=None, timeout=300):
+  """Reads the run's output until `ready(step)` holds (step: the last "step N/.." line), sends
+  SIGTERM to `target` (default: proc), then SIGTERM and SIGUSR1 every 20 ms until every process
+  exited; returns (step at the signal, output lines)."""
+  targets = target or [proc]
+  output, step, signalled, deadline = [], 0, None, time.monotonic() + timeout
+  while time.monotonic() < deadline and any(p.poll() is None for p in targets + [proc]):
+    try:
+      line = lines.get(timeout=0.001)
+    except queue.Empty:
+      line = ""
+    if line:
+      output.append(line)
+      if line.startswith("step "):
+        step = int(line.split()[1].split("/")[0])
+    if signalled is None and ready(step):
+      signalled = step
+      for p in targets:
+        p.send_signal(signal.SIGTERM)
+    elif signalled is not None:  # Repeated signals during the save corrupt nothing.
+      time.sleep(0.02)
+      for p in targets:
+        if p.poll() is None:
+          p.send_signal(signal.SIGUSR1 if len(output) % 2 else signal.SIGTERM)
+  for p in targets + [proc]:
+    p.wait(timeout=60)
+  while True:
+    line = lines.get(timeout=120)
+    if line is None:
+      break
+    output.append(line)
+  assert signalled is not None, "".join(output)[-3000:]
+  return signalled, output
+
+
+def _saved_step(output):
+  line = [l for l in output if l.startswith("Preempted (")][-1]
+  return int(line.split("saved at step ")[1].split(";")[0])
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("preemption") / "reference")
+  proc, lines = _start(workdir)
+  assert proc.wait(timeout=300) == 0
+  return workdir
+
+
+def _finish_and_compare(workdir, reference, resumed_from):
+  proc, lines = _start(workdir)
+  proc.wait(timeout=300)
+  out = "".join(iter(lambda: lines.get(timeout=120), None))
+  assert proc.returncode == 0, out[-3000:]
+  assert f"Resumed from step {resumed_from}" in out, out[-3000:]
+  _assert_same_state(workdir, reference, STEPS)
+  assert test_faults._metric_steps(workdir) == list(range(1, STEPS + 1))
+  assert not os.path.exists(os.path.join(workdir, "run.lock"))
+
+
+@pytest.mark.slow
+def test_sigterm_at_a_random_step_saves_there_requeues_and_the_rerun_matches(tmp_path,
+                                                                              reference):
+  at = int(np.random.default_rng().integers(3, STEPS - 10))
+  workdir = str(tmp_path / "preempted")
+  proc, lines = _start(workdir)
+  signalled, output = _signal_when(proc, lines, lambda step: step >= at)
+  log = "".join(output)[-3000:]
+  assert proc.returncode == preemption.REQUEUE_EXIT_CODE, log
+  saved = _saved_step(output)
+  # One checkpoint, at a step boundary after the signal, the last step the run logged.
+  assert _steps(workdir) == [saved] and signalled < saved < STEPS, (signalled, log)
+  assert test_faults._metric_steps(workdir) == list(range(1, saved + 1)), log
+  assert not any("tmp" in n for n in os.listdir(checkpointing.directory(workdir)))
+  _finish_and_compare(workdir, reference, saved)
+
+
+@pytest.mark.slow
+def test_sigterm_during_an_in_flight_async_save(tmp_path, reference):
+  workdir = str(tmp_path / "preempted")
+  proc, lines = _start(workdir, checkpoint_every_steps=2)
+  in_flight = []
+  def saving(step):
+    if step >= 6 and test_faults._saving(workdir):
+      in_flight.append(step)
+      return True
+    return False
+  signalled, output = _signal_when(proc, lines, saving)
+  log = "".join(output)[-3000:]
+  assert in_flight, log
+  assert proc.returncode == preemption.REQUEUE_EXIT_CODE, log
+  saved = _saved_step(output)
+  steps = _steps(workdir)
+  # The in-flight save finished, then the preemption's own; every checkpoint is final.
+  assert steps[-1] == saved > signalled and len(steps) >= 3, (steps, log)
+  assert not any("tmp" in n for n in os.listdir(checkpointing.directory(workdir)))
+  for step in steps:
+    assert test_faults._checkpoint_is_finite(workdir, step)
+  _finish_and_compare(workdir, reference, saved)
+
+
+# ------------------------------------------------------------------------------------------------
+# Two processes on localhost (gloo), the signal to one of them.
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _start_two(workdir, minutes_on_process_1=0.0):
+  """Process 0 and 1 of one job; process 1 may have its own checkpoint_every_minutes (its clock
+  alone then asks for time-based saves, which both processes must still make together)."""
+  port, procs = _free_port(), []
+  for i in (0, 1):
+    env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_NUM_CPU_DEVICES="1", JAX_PLATFORMS="cpu",
+               METONYMY_COORDINATOR=f"127.0.0.1:{port}", METONYMY_NUM_PROCESSES="2",
+               METONYMY_PROCESS_ID=str(i), **compile_cache.ENV)
+    env.pop("XLA_FLAGS", None)
+    extra = [f"--config.trainer.checkpoint_every_minutes={minutes_on_process_1 if i else 0.0}"]
+    procs.append(subprocess.Popen(
+        [sys.executable, "-m", "metonymy.main", "--config=configs/synthetic_single.py:runlocal",
+         f"--workdir={workdir}", f"--config.trainer.num_steps={STEPS}",
+         "--config.trainer.checkpoint_every_steps=1000", "--config.trainer.eval_every_steps=1000",
+         "--config.trainer.keep_checkpoints=100"] + extra,
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        bufsize=1))
+  lines, other = queue.Queue(), []  # Process 1's output is read too, so its pipe never fills.
+  threading.Thread(target=lambda: [lines.put(l) for l in procs[0].stdout] + [lines.put(None)],
+                   daemon=True).start()
+  threading.Thread(target=lambda: other.extend(procs[1].stdout), daemon=True).start()
+  return procs, lines, other
+
+
+def _run_two(workdir):
+  """Runs both processes to the end; returns process 0's output."""
+  procs, lines, other = _start_two(workdir)
+  for proc in procs:
+    proc.wait(timeout=300)
+  out = "".join(iter(lambda: lines.get(timeout=120), None))
+  time.sleep(1)
+  assert [p.returncode for p in procs] == [0, 0], out[-3000:] + "".join(other)[-3000:]
+  return out
+
+
+@pytest.mark.slow
+def test_two_processes_a_signal_to_one_saves_the_same_step_on_both(tmp_path):
+  reference = str(tmp_path / "reference")
+  _run_two(reference)
+
+  workdir = str(tmp_path / "preempted")
+  at = int(np.random.default_rng().integers(3, STEPS - 15))
+  procs, lines, other = _start_two(workdir, minutes_on_process_1=0.002)  # ~0.1 s: timed saves.
+  signalled, output = _signal_when(procs[0], lines, lambda step: step >= at, target=[procs[1]])
+  time.sleep(1)  # The reader thread drains process 1's pipe.
+  other = "".join(other)
+  log = "".join(output)[-3000:] + "\n--- process 1 ---\n" + other[-3000:]
+  assert [p.returncode for p in procs] == [preemption.REQUEUE_EXIT_CODE] * 2, log
+  saved = _saved_step(output)  # Process 0's, which got no signal.
+  assert f"Process 1: Preempted (SIGTERM" in other and f"saved at step {saved};" in other, log
+  steps = _steps(workdir)
+  assert steps[-1] == saved > signalled, (steps, log)
+  # Process 1's clock asked for saves; both processes made them (else the save would hang).
+  assert len(steps) >= 2, (steps, log)
+  data = sorted(os.listdir(os.path.join(checkpointing.directory(workdir), str(saved), "data")))
+  assert [f for f in data if f.startswith("process_")] == [
+      "process_0-of-2.json", "process_1-of-2.json"], data
+
+  out = _run_two(workdir)
+  assert f"Resumed from step {saved}" in out, out[-3000:]
+  _assert_same_state(workdir, reference, STEPS)
+  assert test_faults._metric_steps(workdir) == list(range(1, STEPS + 1))
