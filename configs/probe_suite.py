@@ -3,7 +3,8 @@
   python -m metonymy.main --config=configs/probe_suite.py:cub --workdir=DIR \
       --config.data.root=/data/CUB_200_2011 --config.masks.path=/data/cub_parts_{split}.npy \
       --config.backbones.dinov2.checkpoint=converted/dinov2_vitb14_reg4 \
-      --config.backbones.dinov3.checkpoint=converted/dinov3_vitb16
+      --config.backbones.dinov3.checkpoint=converted/dinov3_vitb16 \
+      --config.backbones.sam_vit_b16.checkpoint=sam_vit_b_01ec64.pth
   python -m metonymy.main --config=configs/probe_suite.py:synthetic --workdir=DIR   # no download
 
 arg: the dataset, "cub", "celeba", "chexpert" or "synthetic". For real data every backbone needs
@@ -26,7 +27,10 @@ _BACKBONES = {
     "dinov1": ("vit_b16", "dino"),
     "clip": ("vit_b16", "clip"),
     "mae": ("vit_b16", "mae"),
+    # SAM's image encoder: no aggregation token, so late masking only (paper Table 1).
+    "sam_vit_b16": ("sam_vit_b16", "sam"),
 }
+_LATE_ONLY = ("sam_vit_b16",)
 _CHEXPERT_BACKBONES = ("dinov3", "dinov2", "rad_dino")
 
 
@@ -61,5 +65,7 @@ def get_config(arg: str = "cub") -> ml_collections.ConfigDict:
   else:
     backbones = {name: config_lib.backbone(preset=preset, family=family, image_size=224)
                  for name, (preset, family) in _BACKBONES.items()}
+    for name in _LATE_ONLY:  # probe/job.py cuts features.maskings to these for the backbone.
+      backbones[name].maskings = ("late",)
   config.backbones = ml_collections.ConfigDict(backbones)
   return config

@@ -54,6 +54,13 @@ def _load_backbone(config: ml_collections.ConfigDict, seed: int):
     model, params = checkpoints.load_backbone(config.checkpoint, family=config.family or None,
                                               image_size=config.image_size or None)
     return model, params, model.config
+  if config.preset.startswith("sam_"):  # SAM's image encoder (models/sam_encoder.py).
+    from metonymy.models import sam_encoder
+    sam_config = sam_encoder.get_config(config.preset)
+    if config.image_size:
+      sam_config = sam_config.replace(image_size=config.image_size)
+    model, params = sam_encoder.init_params(sam_config, jax.random.PRNGKey(seed))
+    return model, params, sam_config
   vit_config = vit.get_config(config.preset)
   if "arch" in config:  # Random-init runs may override preset fields (random_backbone()).
     vit_config = vit_config.replace(**{k: tuple(v) if isinstance(v, list) else v

@@ -325,3 +325,60 @@ def test_vit_b_at_224_matches_segment_anything_and_timm(tmp_path):
   got = _forward(config)(params, ref.nchw_to_nhwc(images))["patch_tokens"]
   _report("sam/timm ViT-B vs timm at 224 px", ref.assert_close_to_reference(
       np.asarray(got).reshape(1, 14, 14, -1), want.permute(0, 2, 3, 1), "timm ViT-B"))
+
+
+def _tiny_synthetic_probe(maskings):
+  """The synthetic world's tiny probe job around a random-init tiny SAM encoder (patch 4)."""
+  from metonymy import config_lib
+  config = config_lib.load_sibling_config(
+      os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "x"),
+      "probe_synthetic", "tiny")
+  config.evaluation.bootstrap = 0
+  config.evaluation.overlay_images = 0
+  config.features.maskings = maskings
+  sam_config = sam_encoder.SamEncoderConfig(
+      patch_size=4, width=32, depth=2, num_heads=2, mlp_dim=64, window_size=4, global_blocks=(1,),
+      pos_embed_grid=(8, 8), out_channels=16, image_size=32)
+  model, params = sam_encoder.init_params(sam_config, jax.random.PRNGKey(0))
+  return config, model, params, sam_config
+
+
+@pytest.mark.slow
+def test_benchmark_runs_late_masking_and_refuses_early(tmp_path):
+  from metonymy.probe import benchmark
+  config, model, params, sam_config = _tiny_synthetic_probe(("late", "early"))
+  with pytest.raises(ValueError, match="no aggregation token.*only late masking"):
+    benchmark.evaluate("sam", model, params, sam_config, config, seed=0,
+                       cache_root=str(tmp_path / "refused"), progress=False)
+  assert not (tmp_path / "refused").exists()  # Refused before any feature was extracted.
+  config.features.maskings = ("late",)
+  results, _ = benchmark.evaluate("sam", model, params, sam_config, config, seed=0,
+                                  cache_root=str(tmp_path / "late"), progress=False)
+  assert results["maskings"] == ["late"]
+  assert 0.0 < results["ps_late"] <= 1.0 and "ps_early" not in results
+  assert results["causal_leakage_late"] > 0.0  # Late-masked features see the whole image.
+
+
+def test_suite_has_sam_with_late_masking_only():
+  from metonymy import config_lib
+  from metonymy.probe import job
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  config = config_lib.load_sibling_config(os.path.join(root, "configs", "x"), "probe_suite", "cub")
+  sam = config.backbones.sam_vit_b16
+  assert (sam.preset, sam.family, sam.image_size) == ("sam_vit_b16", "sam", 224)
+  assert tuple(job._with_backbone_maskings(config, sam).features.maskings) == ("late",)
+  assert tuple(job._with_backbone_maskings(config, config.backbones.dinov2).features.maskings) == (
+      "late", "early")
+  assert tuple(config.features.maskings) == ("late", "early")  # The suite's own is untouched.
+
+
+@pytest.mark.slow
+def test_random_init_sam_preset_builds_like_the_vits():
+  from metonymy import config_lib
+  model, params, built = config_lib.build_backbone(
+      config_lib.backbone(preset="sam_tiny_test", image_size=64))
+  assert isinstance(model, sam_encoder.SamImageEncoder) and built.image_size == 64
+  assert params["blocks_1"]["attn"]["rel_pos_h"].std() > 0.01  # Random tables, not SAM's zeros.
+  out = jax.eval_shape(lambda p, x: model.apply({"params": p}, x), params,
+                       jax.ShapeDtypeStruct((1, 64, 64, 3), np.float32))
+  assert out["patch_tokens"].shape == (1, 16, 32)

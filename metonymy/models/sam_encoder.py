@@ -356,15 +356,13 @@ def init_params(config: SamEncoderConfig, rng: Optional[jax.Array] = None,
   model = SamImageEncoder(config)
   init_rng, noise_rng = jax.random.split(rng)
   params = jax.jit(model.init)(init_rng, jnp.zeros((1, size, size, 3), jnp.float32))["params"]
-  leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
-  keys = jax.random.split(noise_rng, len(leaves))
-  noisy = []
-  for (path, leaf), key in zip(leaves, keys):
-    name = jax.tree_util.keystr(path)
-    if "pos_embed" in name or "rel_pos" in name:
-      leaf = leaf + 0.02 * jax.random.normal(key, leaf.shape, leaf.dtype)
-    noisy.append(leaf)
-  return model, jax.tree_util.tree_unflatten(treedef, noisy)
+  noise = np.random.default_rng(np.asarray(jax.random.key_data(noise_rng)).ravel().tolist())
+
+  def add_noise(path, leaf):
+    if any(n in jax.tree_util.keystr(path) for n in ("pos_embed", "rel_pos")):
+      return leaf + jnp.asarray(0.02 * noise.standard_normal(leaf.shape), leaf.dtype)
+    return leaf
+  return model, jax.tree_util.tree_map_with_path(add_noise, params)
 
 
 def param_shapes(config: SamEncoderConfig, image_size: Optional[int] = None):

@@ -68,8 +68,9 @@ def run(config, workdir: str) -> Dict:
       print(f"[probe] {name} seed {seed}: {vit_config.depth} blocks, width {vit_config.width}, "
             f"patch {vit_config.patch_size}, {config.data.dataset} at "
             f"{config.data.image_size or vit_config.image_size} px", flush=True)
-      results, vis = benchmark.evaluate(name, model, params, vit_config, config, seed=int(seed),
-                                        cache_root=cache_root)
+      results, vis = benchmark.evaluate(name, model, params, vit_config,
+                                        _with_backbone_maskings(config, backbone_cfg),
+                                        seed=int(seed), cache_root=cache_root)
       per_seed.append(results)
       visuals.setdefault(name, vis["leakage_examples"])
       arch[name] = {"width": vit_config.width, "patch_size": vit_config.patch_size,
@@ -87,6 +88,20 @@ def run(config, workdir: str) -> Dict:
   print(f"[probe] wrote {len(written)} files to {workdir} in {results['seconds']:.0f} s: "
         f"{', '.join(os.path.basename(p) for p in written)}", flush=True)
   return results
+
+
+def _with_backbone_maskings(config, backbone_cfg):
+  """`config` with features.maskings cut to the backbone's own `maskings`, when it lists them
+  (a suite's SAM entry: late only, it has no aggregation token for early masking)."""
+  if "maskings" not in backbone_cfg:
+    return config
+  maskings = tuple(m for m in config.features.maskings if m in tuple(backbone_cfg.maskings))
+  if not maskings:
+    raise ValueError(f"features.maskings {tuple(config.features.maskings)} and the backbone's "
+                     f"maskings {tuple(backbone_cfg.maskings)} have nothing in common")
+  config = config.copy_and_resolve_references()
+  config.features.maskings = maskings
+  return config
 
 
 def pretrain_options(pre) -> dict:
