@@ -17,6 +17,8 @@ def backbone(preset: str = "vit_b16", checkpoint: str = "", image_size: int = 0,
   Training jobs also read `dtype` (compute dtype, e.g. "bfloat16" on accelerators) and
   `attention_impl` ("" = models/attention.py's XLA kernel; "cudnn" for cuDNN's fused attention
   on GPUs, with a 16-bit dtype).
+  part_pooling: SAM's image encoder only (it has no CLS): opt into early masking by pooling each
+    part's own tokens of a block-masked forward (models/sam_encoder.py), not the paper's method.
   """
   return ml_collections.ConfigDict({
       "preset": preset,
@@ -25,6 +27,7 @@ def backbone(preset: str = "vit_b16", checkpoint: str = "", image_size: int = 0,
       "image_size": image_size,
       "dtype": "float32",
       "attention_impl": "",
+      "part_pooling": False,
   })
 
 
@@ -32,6 +35,12 @@ def build_backbone(config: ml_collections.ConfigDict, seed: int = 0):
   """(model, params, vit_config) for a `backbone()` config block; the model computes in
   `config.dtype` with `config.attention_impl`."""
   model, params, vit_config = _load_backbone(config, seed)
+  if config.get("part_pooling"):
+    if not hasattr(vit_config, "part_pooling"):
+      raise ValueError("backbone.part_pooling is SAM's opt-in early masking; this backbone has a "
+                       "CLS token and masks early on its own.")
+    vit_config = vit_config.replace(part_pooling=True)
+    model = model.clone(config=vit_config)
   import jax.numpy as jnp
   model = model.clone(dtype=jnp.dtype(config.get("dtype") or "float32"),
                       attention_impl=config.get("attention_impl") or None)

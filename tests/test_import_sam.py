@@ -357,6 +357,14 @@ def test_benchmark_runs_late_masking_and_refuses_early(tmp_path):
   assert results["maskings"] == ["late"]
   assert 0.0 < results["ps_late"] <= 1.0 and "ps_early" not in results
   assert results["causal_leakage_late"] > 0.0  # Late-masked features see the whole image.
+  # Opted into part pooling, early masking runs, and leaks exactly nothing.
+  config.features.maskings = ("late", "early")
+  pooled = sam_config.replace(part_pooling=True)
+  results, _ = benchmark.evaluate("sam-pooled", model.clone(config=pooled), params, pooled, config,
+                                  seed=0, cache_root=str(tmp_path / "pooled"), progress=False)
+  assert results["causal_leakage_early"] == 0.0
+  assert results["causal_leakage_max_abs_change_early"] == 0.0
+  assert 0.0 < results["ps_early"] <= 1.0
 
 
 def test_suite_has_sam_with_late_masking_only():
@@ -382,3 +390,56 @@ def test_random_init_sam_preset_builds_like_the_vits():
   out = jax.eval_shape(lambda p, x: model.apply({"params": p}, x), params,
                        jax.ShapeDtypeStruct((1, 64, 64, 3), np.float32))
   assert out["patch_tokens"].shape == (1, 16, 32)
+
+
+# --- Opt-in part pooling (early masking without a CLS) -------------------------------------------
+
+NUM_PARTS = 3
+
+
+@functools.lru_cache(maxsize=None)
+def _pooled_forward(config: sam_encoder.SamEncoderConfig):
+  model = sam_encoder.SamImageEncoder(config)
+  return jax.jit(lambda params, images, part_ids: model.apply(
+      {"params": params}, images, part_ids=part_ids, num_parts=NUM_PARTS))
+
+
+def test_part_pooling_leaks_nothing_outside_the_part(original):
+  """Pixels outside part k's patches replaced by another image's: part k's pooled feature stays
+  bit-identical, at 80 px (5 x 5 grid: padded windows, and global blocks). Without the opt-in the
+  same call is refused; the plain forward's pooled tokens do change (the check is not vacuous)."""
+  _, config, params, _ = original
+  pooled_config = config.replace(part_pooling=True)
+  size, grid = 80, 5
+  images = np.asarray(ref.nchw_to_nhwc(ref.random_images(BATCH, size, size, seed=7)))
+  donors = np.asarray(ref.nchw_to_nhwc(ref.random_images(BATCH, size, size, seed=8)))
+  part_ids = ref.random_part_ids(BATCH, (grid, grid), NUM_PARTS, seed=3)
+  run = _pooled_forward(pooled_config)
+  before = np.asarray(run(params, images, part_ids)["part_tokens"])
+  assert before.shape == (BATCH, NUM_PARTS + 1, 1, config.out_channels)
+  plain = _forward(config)
+  for k in range(NUM_PARTS + 1):
+    inside = np.kron(part_ids == k, np.ones((16, 16), bool))[..., None]  # [B, H, W, 1] pixels
+    mixed = np.where(inside, images, donors)
+    after = np.asarray(run(params, mixed, part_ids)["part_tokens"])
+    np.testing.assert_array_equal(after[:, k], before[:, k], err_msg=f"part {k} leaked")
+    others = [j for j in range(NUM_PARTS + 1) if j != k]
+    assert np.abs(after[:, others] - before[:, others]).max() > 1e-3
+    late = lambda x: (np.asarray(plain(params, x)["patch_tokens"])
+                      * (part_ids == k).reshape(BATCH, -1, 1)).sum(1)
+    assert np.abs(late(mixed) - late(images)).max() > 1e-3  # Late masking does leak.
+  with pytest.raises(ValueError, match="part_pooling=True"):
+    _pooled_forward(config)(params, images, part_ids)
+
+
+def test_part_pooling_with_one_part_is_the_plain_forward(original):
+  """Every patch in part 0: the block-masked forward is SAM's own, padding included."""
+  _, config, params, _ = original
+  images = np.asarray(ref.nchw_to_nhwc(ref.random_images(BATCH, 80, 80, seed=9)))
+  out = _pooled_forward(config.replace(part_pooling=True))(params, images,
+                                                            np.zeros((BATCH, 5, 5), np.int32))
+  plain = _forward(config)(params, images)
+  np.testing.assert_allclose(out["patch_tokens"], plain["patch_tokens"], rtol=0, atol=1e-6)
+  np.testing.assert_allclose(out["part_tokens"][:, 0, 0],
+                             np.asarray(plain["patch_tokens"]).mean(1), rtol=0, atol=1e-6)
+  assert not np.asarray(out["part_tokens"][:, 1:]).any()  # Parts with no patch pool to 0.

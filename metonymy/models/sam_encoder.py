@@ -23,8 +23,13 @@ Other input sizes (any multiple of 16, e.g. 224 for the leakage benchmark):
     antialias; "size_antialias"), the one reference that resizes it: SAM's and HF's code add the
     64 x 64 table as is and run at 1024 px only.
 
-No early masking: SAM has no aggregation token whose copies could pool a part (paper Sec. 5.2),
-so a `part_ids` argument is refused.
+Early masking: SAM has no aggregation token whose copies could pool a part (paper Sec. 5.2), so
+`part_ids` is refused unless the config opts into `part_pooling`: then every attention (inside
+the windows and in the global blocks) is block-diagonal over the parts (a query sees the keys
+of its own part, and SAM's zero padding tokens, which carry no image), the neck's 3x3 conv reads
+only the centre token's part (other parts are zero padding to it), and part k's feature is the
+mean of its own neck tokens. Changing pixels outside part k's patches leaves it bit-identical
+(tests/test_import_sam.py). None of the paper's code does this; it is an extension.
 """
 
 import dataclasses
@@ -38,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from metonymy.models import attention as attention_lib
+from metonymy.models import attention_masks
 from metonymy.models import pos_embed as pos_lib
 from metonymy.models import vit
 
@@ -47,7 +53,9 @@ SAM_STD = (0.229, 0.224, 0.225)  # pixel_std (58.395, 57.12, 57.375) / 255.
 EARLY_MASKING_REFUSAL = (
     "early masking needs an aggregation token (CLS) whose per-part copies pool each part; SAM's "
     "image encoder has none (paper Sec. 5.2), so only late masking is defined for it: set "
-    "features.maskings=('late',).")
+    "features.maskings=('late',), or opt into pooling each part's own tokens of a block-masked "
+    "forward (not the paper's method) with SamEncoderConfig.part_pooling=True "
+    "(--config.backbone.part_pooling=True).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +83,8 @@ class SamEncoderConfig:
   image_mean: Tuple[float, float, float] = SAM_MEAN
   image_std: Tuple[float, float, float] = SAM_STD
   family: str = "sam"
+  # Opt-in early masking by pooling each part's own tokens of a block-masked forward (module doc).
+  part_pooling: bool = False
 
   def __post_init__(self):
     if self.width % self.num_heads:
@@ -91,6 +101,11 @@ class SamEncoderConfig:
   @property
   def num_prefix(self) -> int:
     return 0  # No CLS, no registers.
+
+  @property
+  def early_masking(self) -> bool:
+    """Whether `part_ids` is accepted (probe/benchmark.py asks before extracting)."""
+    return self.part_pooling
 
   @property
   def head_dim(self) -> int:
@@ -199,14 +214,24 @@ def decomposed_rel_pos_bias(q: jnp.ndarray, table_h: jnp.ndarray, table_w: jnp.n
 # Windows.
 
 
-def window_partition(x: jnp.ndarray, window: int) -> jnp.ndarray:
-  """[B, H, W, C] -> [B * nWindows, window * window, C], zero-padded to multiples of `window`."""
+def window_partition(x: jnp.ndarray, window: int, pad_value=0) -> jnp.ndarray:
+  """[B, H, W, C] -> [B * nWindows, window * window, C], padded (zeros) to multiples of `window`."""
   batch, height, width, channels = x.shape
   pad_h, pad_w = -height % window, -width % window
-  x = jnp.pad(x, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)))
+  x = jnp.pad(x, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)), constant_values=pad_value)
   rows, cols = (height + pad_h) // window, (width + pad_w) // window
   x = x.reshape(batch, rows, window, cols, window, channels).transpose(0, 1, 3, 2, 4, 5)
   return x.reshape(batch * rows * cols, window * window, channels)
+
+
+PAD_GROUP = -1  # Group id of the windows' padding tokens.
+
+
+def part_mask(groups: jnp.ndarray) -> jnp.ndarray:
+  """bool [B, 1, L, L] from group ids [B, L]: same part, or a padding token (id -1) on either
+  side (SAM's zero padding holds no image, so every query may see it, as in SAM's forward)."""
+  pad = groups == PAD_GROUP
+  return ((groups[:, :, None] == groups[:, None, :]) | pad[:, :, None] | pad[:, None, :])[:, None]
 
 
 def window_unpartition(windows: jnp.ndarray, window: int, grid: Tuple[int, int]) -> jnp.ndarray:
@@ -235,8 +260,10 @@ class RelPosAttention(nn.Module):
   attention_impl: Optional[str] = None
 
   @nn.compact
-  def __call__(self, x: jnp.ndarray, grid: Tuple[int, int]) -> jnp.ndarray:
-    """x: [B, h * w, D] tokens of one window (or the whole grid), row-major."""
+  def __call__(self, x: jnp.ndarray, grid: Tuple[int, int],
+               mask: Optional[jnp.ndarray] = None) -> jnp.ndarray:
+    """x: [B, h * w, D] tokens of one window (or the whole grid), row-major; mask: optional
+    bool [B, 1, L, L], True = attend (part pooling)."""
     cfg = self.config
     heads, head_dim = cfg.num_heads, cfg.head_dim
     kernel = self.param("qkv_kernel", nn.initializers.lecun_normal(batch_axis=()),
@@ -249,7 +276,8 @@ class RelPosAttention(nn.Module):
     table_h = self.param("rel_pos_h", nn.initializers.zeros, (2 * self.table_grid[0] - 1, head_dim))
     table_w = self.param("rel_pos_w", nn.initializers.zeros, (2 * self.table_grid[1] - 1, head_dim))
     bias = decomposed_rel_pos_bias(q, table_h, table_w, grid)
-    out = attention_lib.dot_product_attention(q, k, v, bias=bias, implementation=self.attention_impl)
+    out = attention_lib.dot_product_attention(q, k, v, mask=mask, bias=bias,
+                                              implementation=self.attention_impl)
     out_kernel = self.param("out_kernel", nn.initializers.lecun_normal(batch_axis=()),
                             (heads, head_dim, cfg.width))
     batch, length = out.shape[:2]
@@ -259,24 +287,28 @@ class RelPosAttention(nn.Module):
 
 
 class SamBlock(nn.Module):
-  """x += attn(norm1(x)) in windows (or globally); x += mlp(norm2(x)). x: [B, h, w, D]."""
+  """x += attn(norm1(x)) in windows (or globally); x += mlp(norm2(x)). x: [B, h, w, D];
+  groups: optional int [B, h, w] part ids, for the block-masked forward of part pooling."""
   config: SamEncoderConfig
   window: int  # 0: global attention.
   dtype: Any = jnp.float32
   attention_impl: Optional[str] = None
 
   @nn.compact
-  def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+  def __call__(self, x: jnp.ndarray, groups: Optional[jnp.ndarray] = None) -> jnp.ndarray:
     cfg = self.config
     batch, height, width, channels = x.shape
     table_grid = (self.window, self.window) if self.window else cfg.pos_embed_grid
     attn = RelPosAttention(cfg, table_grid, self.dtype, self.attention_impl, name="attn")
     y = vit._layer_norm(cfg, "norm1")(x)  # pylint: disable=protected-access
     if self.window:
-      y = attn(window_partition(y, self.window), (self.window, self.window))
+      mask = None if groups is None else part_mask(
+          window_partition(groups[..., None], self.window, PAD_GROUP)[..., 0])
+      y = attn(window_partition(y, self.window), (self.window, self.window), mask)
       y = window_unpartition(y, self.window, (height, width))
     else:
-      y = attn(y.reshape(batch, height * width, channels), (height, width))
+      mask = None if groups is None else part_mask(groups.reshape(batch, height * width))
+      y = attn(y.reshape(batch, height * width, channels), (height, width), mask)
       y = y.reshape(batch, height, width, channels)
     x = x + y
     return x + vit.Mlp(cfg, self.dtype, name="mlp")(vit._layer_norm(cfg, "norm2")(x))  # pylint: disable=protected-access
@@ -305,21 +337,42 @@ class SamImageEncoder(nn.Module):
   def __call__(self, images: jnp.ndarray, part_ids: Optional[jnp.ndarray] = None,
                num_parts: Optional[int] = None, return_intermediates: bool = False,
                **unsupported) -> Dict[str, Any]:
-    """Plain forward of images float [B, H, W, 3] (normalized).
+    """Plain forward of images float [B, H, W, 3] (normalized), or with part_ids the
+    block-masked forward of part pooling (only when config.part_pooling).
 
-    Returns `patch_tokens [B, N, out_channels]` (the neck's output), `pre_neck_tokens [B, N, D]`,
-    `prefix_tokens [B, 0, out_channels]`, and with return_intermediates every block's
-    [B, N, D] tokens. `part_ids` (early masking) is refused: see EARLY_MASKING_REFUSAL.
+    Args:
+      images: float32 [B, H, W, 3], already normalized.
+      part_ids: optional int [B, h, w] on the patch grid, values in [0, K]; K is the background.
+      num_parts: K (static); required under jit, else inferred as max(part_ids).
+      return_intermediates: also return every block's [B, N, D] tokens.
+
+    Returns:
+      `patch_tokens [B, N, out_channels]` (the neck's output), `pre_neck_tokens [B, N, D]`,
+      `prefix_tokens [B, 0, out_channels]`; with part_ids, `part_tokens [B, K + 1, 1,
+      out_channels]` (the mean of each part's own neck tokens; 0 for a part with no patch) and
+      `prefix_tokens` = those, [B, K + 1, out_channels].
     """
-    del num_parts
-    if part_ids is not None:
-      raise ValueError(f"SamImageEncoder: {EARLY_MASKING_REFUSAL}")
     if unsupported:
-      raise ValueError(f"SamImageEncoder takes no {sorted(unsupported)}: those are early-masking "
-                       f"options. {EARLY_MASKING_REFUSAL}")
+      raise ValueError(f"SamImageEncoder takes no {sorted(unsupported)}: those are the ViT's "
+                       "early-masking options.")
     cfg = self.config
     grid = self.patch_grid(images.shape)
     batch = images.shape[0]
+    groups = None
+    if part_ids is not None:
+      if not cfg.part_pooling:
+        raise ValueError(f"SamImageEncoder: {EARLY_MASKING_REFUSAL}")
+      if part_ids.shape != (batch,) + grid:
+        raise ValueError(f"part_ids must have shape [B, h, w] = {(batch,) + grid} on the patch "
+                         f"grid, got {part_ids.shape}.")
+      if num_parts is None:
+        if isinstance(part_ids, jax.core.Tracer):
+          raise ValueError("num_parts must be given when part_ids is traced (e.g. under jit).")
+        num_parts = int(np.max(np.asarray(part_ids)))
+      error = attention_masks.check_part_ids(part_ids, num_parts)
+      if error:
+        raise ValueError(error)
+      groups = jnp.asarray(part_ids, jnp.int32)
     x = nn.Conv(cfg.width, (cfg.patch_size,) * 2, strides=(cfg.patch_size,) * 2, padding="VALID",
                 dtype=self.dtype, name="patch_embed")(images.astype(self.dtype))
     table = self.param("pos_embed", nn.initializers.zeros,
@@ -328,19 +381,32 @@ class SamImageEncoder(nn.Module):
     x = x + table.reshape(1, grid[0], grid[1], cfg.width).astype(self.dtype)
     intermediates = []
     for i in range(cfg.depth):
-      x = SamBlock(cfg, cfg.block_window(i), self.dtype, self.attention_impl, name=f"blocks_{i}")(x)
+      x = SamBlock(cfg, cfg.block_window(i), self.dtype, self.attention_impl,
+                   name=f"blocks_{i}")(x, groups)
       if return_intermediates:
         intermediates.append(x.reshape(batch, -1, cfg.width))
     pre_neck = x.reshape(batch, -1, cfg.width)
     neck_norm = lambda name: nn.LayerNorm(epsilon=cfg.neck_eps, use_fast_variance=False, name=name)
     y = nn.Conv(cfg.out_channels, (1, 1), use_bias=False, dtype=self.dtype, name="neck_conv1")(x)
     y = neck_norm("neck_norm1")(y)
-    y = nn.Conv(cfg.out_channels, (3, 3), padding=((1, 1), (1, 1)), use_bias=False,
-                dtype=self.dtype, name="neck_conv2")(y)
+    conv2 = nn.Conv(cfg.out_channels, (3, 3), padding=((1, 1), (1, 1)), use_bias=False,
+                    dtype=self.dtype, name="neck_conv2")
+    if groups is None:
+      y = conv2(y)
+    else:  # Each part's tokens see only their own part's neighbours (others read as padding).
+      parts = [(groups == g)[..., None] for g in range(num_parts + 1)]
+      y = sum(jnp.where(inside, conv2(jnp.where(inside, y, 0)), 0) for inside in parts)
     y = neck_norm("neck_norm2")(y)
     patch_tokens = y.reshape(batch, -1, cfg.out_channels)
     out = {"patch_tokens": patch_tokens, "pre_neck_tokens": pre_neck,
            "prefix_tokens": jnp.zeros((batch, 0, cfg.out_channels), patch_tokens.dtype)}
+    if groups is not None:
+      onehot = (groups.reshape(batch, -1)[..., None] == jnp.arange(num_parts + 1)).astype(
+          patch_tokens.dtype)  # [B, N, K + 1]
+      pooled = jnp.einsum("bng,bnd->bgd", onehot, patch_tokens)
+      pooled = pooled / jnp.maximum(onehot.sum(1), 1.0)[..., None]
+      out["prefix_tokens"] = pooled
+      out["part_tokens"] = pooled[:, :, None]
     if return_intermediates:
       out["intermediates"] = intermediates
     return out

@@ -139,12 +139,13 @@ def extract_splits(name: str, model, params, vit_config, config, cache_root: str
   if unknown or not maskings:
     raise ValueError(f"features.maskings must be a non-empty subset of {features_lib.MASKINGS}, "
                      f"got {maskings}")
-  if "early" in maskings and not vit_config.num_prefix:
+  if "early" in maskings and not getattr(vit_config, "early_masking", vit_config.num_prefix > 0):
     raise ValueError(
         f"backbone {name!r} ({vit_config.family}) has no aggregation token (no CLS, no "
         "registers), and early masking pools each part through its own copy of one (paper Sec. "
         "5.2): only late masking is defined for it. Set --config.features.maskings=\"('late',)\" "
-        "(in a suite, the backbone's own `maskings=('late',)`).")
+        "(in a suite, the backbone's own `maskings=('late',)`), or for SAM opt into pooling each "
+        "part's own tokens of a block-masked forward with --config.backbone.part_pooling=True.")
   transforms = eval_transforms(vit_config, data_cfg)
   params_hash = cache_lib.params_fingerprint(params)
   backbone_dir = f"{_slug(name)}-{cache_lib.fingerprint([vit_config.to_dict(), params_hash])}"
