@@ -296,7 +296,7 @@ def test_early_masking_is_refused_with_the_reason(original):
     model.apply({"params": params}, images, part_ids=np.zeros((1, 4, 4), np.int32), num_parts=1)
 
 
-# --- The real architectures (ViT-B), slow ----------------------------------------------------------
+# --- The real architectures (ViT-B), slow ---------------------------------------------------------
 
 @pytest.mark.slow
 def test_vit_b_at_224_matches_segment_anything_and_timm(tmp_path):

@@ -300,7 +300,8 @@ class SamBlock(nn.Module):
     batch, height, width, channels = x.shape
     table_grid = (self.window, self.window) if self.window else cfg.pos_embed_grid
     attn = RelPosAttention(cfg, table_grid, self.dtype, self.attention_impl, name="attn")
-    y = vit._layer_norm(cfg, "norm1")(x)  # pylint: disable=protected-access
+    layer_norm = functools.partial(vit._layer_norm, cfg)  # pylint: disable=protected-access
+    y = layer_norm("norm1")(x)
     if self.window:
       mask = None if groups is None else part_mask(
           window_partition(groups[..., None], self.window, PAD_GROUP)[..., 0])
@@ -311,11 +312,12 @@ class SamBlock(nn.Module):
       y = attn(y.reshape(batch, height * width, channels), (height, width), mask)
       y = y.reshape(batch, height, width, channels)
     x = x + y
-    return x + vit.Mlp(cfg, self.dtype, name="mlp")(vit._layer_norm(cfg, "norm2")(x))  # pylint: disable=protected-access
+    return x + vit.Mlp(cfg, self.dtype, name="mlp")(layer_norm("norm2")(x))
 
 
 class SamImageEncoder(nn.Module):
-  """SAM's image encoder with the backbone contract of vit.VisionTransformer (late masking only).
+  """SAM's image encoder with vit.VisionTransformer's plain-forward contract; `part_ids` only
+  with the opt-in part pooling (the module docstring).
 
   Attributes:
     config: the architecture.
