@@ -11,6 +11,10 @@ arg: the dataset, "cub", "celeba", "chexpert" or "synthetic". For real data ever
 its checkpoint; those left without one are skipped and listed in the report. Features are cached
 per backbone, so adding a checkpoint later only computes the new one. The synthetic suite compares
 random-init tiny ViTs of depth 2, 4 and 8.
+sam_vit_b16 (SAM's image encoder, `sam_vit_b_01ec64.pth` or its HF / timm files) has no CLS
+token and runs late masking only (its own `maskings`); for the non-paper pooled early masking add
+--config.backbones.sam_vit_b16.part_pooling=True \
+--config.backbones.sam_vit_b16.maskings="('late', 'early')".
 """
 
 import importlib.util
