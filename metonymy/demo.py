@@ -281,6 +281,72 @@ def last_eval(workdir: str) -> Dict[str, float]:
   return latest
 
 
+# The part-shaping priors that depend on the maps alone: objective.loss_fn's term name -> the
+# function in metonymy/losses.py.
+MAP_PRIORS = {"total_variation": "total_variation", "foreground_presence": "foreground_presence",
+              "background_presence": "background_presence", "entropy": "pixel_entropy"}
+
+
+def priors_of_the_truth(data_cfg, patch_size: int) -> Dict[str, float]:
+  """What the part-shaping priors charge the ground-truth segmentation: the world's part labels
+  on the patch grid (plurality per patch) as one-hot maps [B, K+1, h, w] (background last), for
+  the first `eval_examples` of `data_cfg.eval_split`, scored in batches of the training batch size
+  (the presence priors take a max over the batch) and averaged. A diagnostic only: compared with
+  the trained maps' values (`last_train_losses`), it says whether the priors, at this patch grid,
+  prefer the true parts to what Stage 1 found."""
+  import jax
+  from metonymy import data as data_lib
+  from metonymy import losses
+  from metonymy.probe import masks
+  options = data_cfg.options.to_dict() if hasattr(data_cfg.options, "to_dict") else dict(
+      data_cfg.options)
+  source = data_lib.make_source(data_cfg.dataset, data_cfg.root or None, data_cfg.eval_split,
+                                **options)
+  count = min(len(source), int(data_cfg.eval_examples) or len(source))
+  num_parts = len(source.info.part_names)
+  # The world labels its pixels 0 = background, g + 1 = part g; masks want background = K.
+  world = np.stack([np.asarray(source[i]["part_segmentation"]) for i in range(count)])
+  labels = np.where(world == 0, num_parts, world - 1)
+  ids, _ = masks.patch_part_ids(labels, num_parts, patch_size)
+  maps = np.moveaxis(np.eye(num_parts + 1, dtype=np.float32)[ids], -1, 1)
+  batch = int(data_cfg.batch_size)
+  chunks = [maps[i:i + batch] for i in range(0, count - batch + 1, batch)] or [maps]
+  return {name: float(np.mean([jax.device_get(getattr(losses, function)(chunk))
+                               for chunk in chunks]))
+          for name, function in MAP_PRIORS.items()}
+
+
+def last_train_losses(workdir: str) -> Dict[str, float]:
+  """{"<term>": value}: the unweighted loss terms (`loss/<term>`) of the latest training record
+  of a train workdir's metrics.jsonl."""
+  latest: Dict[str, float] = {}
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    for line in f:
+      record = json.loads(line)
+      terms = {k[len("loss/"):]: _float(v) for k, v in record.items() if k.startswith("loss/")}
+      if terms:
+        latest = terms
+  return latest
+
+
+def prior_costs(config, backbone: str, workdir: str, world) -> Optional[Dict[str, Dict]]:
+  """{"truth" | "single" | "two_stage_ste": {prior: value}}: the map priors of the ground truth
+  on the backbone's patch grid, and of each trained model's last training batch. None when the
+  backbone's patch size is unknown (not a converted ViT folder)."""
+  from metonymy.checkpoints import store
+  try:
+    with open(os.path.join(backbone, store.ARCH_FILE)) as f:
+      patch_size = int(json.load(f)["vit_config"]["patch_size"])
+  except (OSError, KeyError, ValueError):
+    return None
+  costs = {"truth": priors_of_the_truth(_with_world(config.single, world).data, patch_size)}
+  for key, directory in TRAIN_DIRS.items():
+    trained = last_train_losses(os.path.join(workdir, directory))
+    costs["single" if key == "single" else "two_stage_ste"] = {
+        name: trained.get(name) for name in MAP_PRIORS}
+  return costs
+
+
 def chance_map(data_cfg) -> Optional[float]:
   """mAP of a constant predictor on the evaluation images the train job scores (the first
   `eval_examples` of `eval_split`): a constant score's AP is the attribute's positive rate, so
@@ -337,9 +403,11 @@ def run_story(config, workdir: str) -> Dict:
 
   steps.begin("report", "writing report.md and results.json")
   chance = chance_map(_with_world(config.single, world).data)
+  priors = prior_costs(config, backbone, workdir, world)
   seconds = steps.finish()
   results = story_results(config, backbone, stand_in, bench, trained, seconds)
   results["part_discovery"]["chance_mAP"] = chance
+  results["part_discovery"]["priors"] = priors
   results["summary"]["map_chance"] = chance
   written = write_story(workdir, config, results)
   if config.readme:
@@ -496,7 +564,21 @@ def results_tables(results: Dict) -> List[str]:
       ["CLS head", _fmt(quality.get("cls/mAP"))],
       ["part read-out head", _fmt(quality.get("parts/mAP"))],
       ["constant predictor (chance level)", _fmt(quality.get("chance/mAP"))]]) if quality else ""
-  return [leak, "", discovery, "", stand_in]
+  return [leak, "", discovery, "", stand_in, "", priors_table(pd.get("priors"))]
+
+
+def priors_table(priors: Optional[Dict[str, Dict]]) -> str:
+  """What the part-shaping priors charge (unweighted; lower is preferred) the ground-truth parts
+  on the patch grid and each model's maps at its last training step."""
+  if not priors:
+    return ""
+  rows = [[label, *(_fmt(priors[key].get(name)) for name in MAP_PRIORS)]
+          for key, label in (("truth", "ground-truth parts on the patch grid (one-hot)"),
+                             ("single", "single-stage maps, last training batch"),
+                             ("two_stage_ste", "two-stage STE maps, last training batch"))
+          if key in priors]
+  return _table(["Part-shaping priors (unweighted, lower = preferred)", "total variation",
+                 "foreground presence", "background presence", "entropy"], rows)
 
 
 def _describe(results: Dict) -> str:
@@ -576,6 +658,12 @@ def write_story(workdir: str, config, results: Dict) -> List[str]:
             "each part's pixels only.", "",
             results_tables(results)[2], ""] + [w + "\n" for w in collapse_warnings(results)]
   lines += ["## The stand-in backbone", "", results_tables(results)[4], ""]
+  if results["part_discovery"].get("priors"):
+    lines += ["## What the part-shaping priors charge", "",
+              "The priors Stage 1 is trained with (PDiscoFormer's, at its weights), on the true "
+              "parts and on the maps Stage 1 found: when the truth costs more than the found "
+              "maps, the priors pull Stage 1 away from the real parts.", "",
+              results_tables(results)[6], ""]
   lines += ["## Figures", ""] + _figures(workdir)
   lines += ["## Timing", "",
             _table(["step", "seconds"], [[k, f"{v:.0f}"] for k, v in results["seconds"].items()]),

@@ -106,6 +106,44 @@ def _tiny_vit():
 
 
 @pytest.mark.slow  # eager (unjitted) forwards: ~10 s on 2 CPU cores
+def test_priors_of_the_truth_by_hand():
+  """Total variation and presence of the world's true parts on the patch grid, recomputed here
+  from the pixels with plain loops: plurality label per patch, then neighbour differences."""
+  config = _config("demo", "tiny")
+  data = demo._with_world(config.single, config.world).data
+  data.eval_examples, data.batch_size = 3, 3
+  patch = 4
+  got = demo.priors_of_the_truth(data, patch)
+  source = data_lib.make_source(data.dataset, None, data.eval_split, **data.options.to_dict())
+  num_parts = len(source.info.part_names)
+  tv = 0.0
+  fg_best = np.zeros(num_parts)
+  for i in range(3):
+    seg = np.asarray(source[i]["part_segmentation"])
+    grid = seg.shape[0] // patch
+    ids = np.zeros((grid, grid), int)
+    for r in range(grid):
+      for c in range(grid):
+        counts = np.bincount(seg[r * patch:(r + 1) * patch, c * patch:(c + 1) * patch].ravel(),
+                             minlength=num_parts + 1)
+        # World label 0 is the background (channel K); ties go to the lower channel.
+        by_channel = np.concatenate([counts[1:], counts[:1]])
+        ids[r, c] = int(np.argmax(by_channel))
+    for r in range(grid):
+      for c in range(grid):
+        if r + 1 < grid and ids[r + 1, c] != ids[r, c]:
+          tv += 2.0  # two channels change by 1
+        if c + 1 < grid and ids[r, c + 1] != ids[r, c]:
+          tv += 2.0
+    for k in range(num_parts):
+      for r in range(grid - 2):
+        for c in range(grid - 2):
+          fg_best[k] = max(fg_best[k], np.mean(ids[r:r + 3, c:c + 3] == k))
+  assert got["total_variation"] == pytest.approx(tv / (3 * grid * grid), rel=1e-6)
+  assert got["foreground_presence"] == pytest.approx(1.0 - fg_best.mean(), rel=1e-6)
+  assert got["entropy"] == 0.0
+
+
 def test_attention_weights_are_the_models_and_respect_the_block_mask():
   config, params, images, ids = _tiny_vit()
   for layer in range(config.depth):
@@ -219,6 +257,12 @@ def test_tiny_demo_writes_report_and_results(tiny_demo):
   assert any(l.startswith("benchmark/") for l in links)
   assert any(l.startswith("two_stage_ste/images/") for l in links)
   assert all(os.path.exists(os.path.join(workdir, l)) for l in links), links
+  # The priors' bill: the truth's on the patch grid, and each model's from its training log.
+  priors = pd["priors"]
+  assert priors["single"] == {k: demo.last_train_losses(os.path.join(workdir, "single"))[k]
+                              for k in demo.MAP_PRIORS}
+  assert priors["truth"]["entropy"] == 0.0 and priors["truth"]["total_variation"] > 0.0
+  assert "| ground-truth parts on the patch grid (one-hot) |" in report
   with open(readme) as f:
     block = f.read()
   assert f"{s['ps_late']:.3f}" in block and demo.README_END in block
