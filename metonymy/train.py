@@ -14,12 +14,14 @@ The run, in order:
   4. resume from WORKDIR/checkpoints if a checkpoint exists (parameters, optimizer, step, RNG and
      the data iterator's position), so a killed run continues bit-identically;
   5. the loop: step, then logging (JSONL, TensorBoard, console with steps/s and ETA),
-     checkpoints and evaluation at their intervals. A non-finite loss, gradient norm, or updated
-     parameter / optimizer state stops the run before that state is saved or evaluated (the train
-     step returns an all-finite reduction of what it updated, checked on the host before every
-     save); on resume, a checkpoint holding a NaN/Inf, or one that does not read while an older
-     one does, is refused in favour of the newest usable one, and metrics.jsonl is trimmed to
-     the restored step.
+     checkpoints and evaluation at their intervals, checkpoints also every
+     config.trainer.checkpoint_every_minutes; on SIGTERM / SIGUSR1 every process saves at the
+     same next step and the run exits with status 75, "requeue me" (training/preemption.py).
+     A non-finite loss, gradient norm, or updated parameter / optimizer state stops the run
+     before that state is saved or evaluated (the train step returns an all-finite reduction of
+     what it updated, checked on the host before every save); on resume, a checkpoint holding
+     a NaN/Inf, or one that does not read while an older one does, is refused in favour of the
+     newest usable one, and metrics.jsonl is trimmed to the restored step.
 
 Collapse is reported, not hidden: every step measures the share of the training batch's patches
 that each part wins (`train/part_share/<k>`, `train/part_share/max`, `train/part_mass/<k>`; k = K

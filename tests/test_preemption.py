@@ -40,8 +40,29 @@ def _steps(workdir):
   return sorted(checkpointing.manager(workdir).all_steps())
 
 
+def _raw_state(workdir, step):
+  """Every params and opt_state array of `step` on this process's first device, however many
+  processes wrote it (test_faults._raw_state reads single-process checkpoints only)."""
+  import orbax.checkpoint as ocp
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  directory = checkpointing.directory(workdir)
+  items = {}
+  for name in ("params", "opt_state"):
+    tree = ocp.StandardCheckpointer().metadata(f"{directory}/{step}/{name}").item_metadata.tree
+    items[name] = ocp.args.StandardRestore(jax.tree_util.tree_map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), tree))
+  mngr = ocp.CheckpointManager(directory)
+  try:
+    restored = mngr.restore(step, args=ocp.args.Composite(**items))
+  finally:
+    mngr.close()
+  return [np.asarray(x) for x in jax.tree_util.tree_leaves(
+      (restored["params"], restored["opt_state"]))]
+
+
 def _assert_same_state(workdir, reference, step):
-  got, expected = test_faults._raw_state(workdir, step), test_faults._raw_state(reference, step)
+  got, expected = _raw_state(workdir, step), _raw_state(reference, step)
+  assert len(got) > 10
   assert len(got) == len(expected)
   for a, b in zip(got, expected):
     assert a.dtype == b.dtype and np.array_equal(a, b)  # Bit for bit.
@@ -111,6 +132,18 @@ def test_time_wishes_made_before_a_save_are_stale():
 # ------------------------------------------------------------------------------------------------
 # Real signals to `python -m metonymy.main` subprocesses.
 
+_STARTED = []  # Every run a test starts; one still alive when the test ends is killed.
+
+
+@pytest.fixture(autouse=True)
+def _kill_leftover_runs():
+  yield
+  while _STARTED:
+    proc = _STARTED.pop()
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+
 
 def _start(workdir, checkpoint_every_steps=1000, env_extra=None, steps=STEPS):
   env = dict(os.environ, PYTHONUNBUFFERED="1", **compile_cache.ENV, **(env_extra or {}))
@@ -120,6 +153,7 @@ def _start(workdir, checkpoint_every_steps=1000, env_extra=None, steps=STEPS):
        f"--config.trainer.checkpoint_every_steps={checkpoint_every_steps}",
        "--config.trainer.eval_every_steps=1000", "--config.trainer.keep_checkpoints=100"],
       cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+  _STARTED.append(proc)
   lines = queue.Queue()
   threading.Thread(target=lambda: [lines.put(l) for l in proc.stdout] + [lines.put(None)],
                    daemon=True).start()
@@ -132,11 +166,13 @@ def _signal_when(proc, lines, ready, target=None, timeout=300):
   exited; returns (step at the signal, output lines)."""
   targets = target or [proc]
   output, step, signalled, deadline = [], 0, None, time.monotonic() + timeout
+  ended = False  # proc's output ended (the reader's None).
   while time.monotonic() < deadline and any(p.poll() is None for p in targets + [proc]):
     try:
       line = lines.get(timeout=0.001)
     except queue.Empty:
       line = ""
+    ended = ended or line is None
     if line:
       output.append(line)
       if line.startswith("step "):
@@ -152,7 +188,7 @@ def _signal_when(proc, lines, ready, target=None, timeout=300):
           p.send_signal(signal.SIGUSR1 if len(output) % 2 else signal.SIGTERM)
   for p in targets + [proc]:
     p.wait(timeout=60)
-  while True:
+  while not ended:
     line = lines.get(timeout=120)
     if line is None:
       break
@@ -253,6 +289,7 @@ def _start_two(workdir, minutes_on_process_1=0.0):
          "--config.trainer.keep_checkpoints=100"] + extra,
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         bufsize=1))
+    _STARTED.append(procs[-1])
   lines, other = queue.Queue(), []  # Process 1's output is read too, so its pipe never fills.
   threading.Thread(target=lambda: [lines.put(l) for l in procs[0].stdout] + [lines.put(None)],
                    daemon=True).start()
@@ -279,7 +316,8 @@ def test_two_processes_a_signal_to_one_saves_the_same_step_on_both(tmp_path):
   workdir = str(tmp_path / "preempted")
   at = int(np.random.default_rng().integers(3, STEPS - 15))
   procs, lines, other = _start_two(workdir, minutes_on_process_1=0.002)  # ~0.1 s: timed saves.
-  signalled, output = _signal_when(procs[0], lines, lambda step: step >= at, target=[procs[1]])
+  signalled, output = _signal_when(procs[0], lines, lambda step: step >= at, target=[procs[1]],
+                                   timeout=150)
   time.sleep(1)  # The reader thread drains process 1's pipe.
   other = "".join(other)
   log = "".join(output)[-3000:] + "\n--- process 1 ---\n" + other[-3000:]
@@ -298,3 +336,64 @@ def test_two_processes_a_signal_to_one_saves_the_same_step_on_both(tmp_path):
   assert f"Resumed from step {saved}" in out, out[-3000:]
   _assert_same_state(workdir, reference, STEPS)
   assert test_faults._metric_steps(workdir) == list(range(1, STEPS + 1))
+
+
+# ------------------------------------------------------------------------------------------------
+# The launch scripts requeue on the status, and only on it (srun, scontrol, gcloud faked).
+
+
+def _fake_commands(tmp_path, **scripts):
+  """A PATH directory holding each `name=body` as an executable bash script; calls.log records
+  every call's command and arguments."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir(exist_ok=True)
+  for name, body in scripts.items():
+    path = bin_dir / name
+    path.write_text(f'#!/usr/bin/env bash\necho "{name} $*" >> {tmp_path}/calls.log\n{body}\n')
+    path.chmod(0o755)
+  return dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+
+
+def _calls(tmp_path):
+  log = tmp_path / "calls.log"
+  return log.read_text().splitlines() if log.exists() else []
+
+
+@pytest.mark.parametrize("run_status,requeued,status", [(75, True, 0), (0, False, 0),
+                                                         (1, False, 1)])
+def test_the_slurm_script_requeues_on_the_requeue_status(tmp_path, run_status, requeued, status):
+  env = _fake_commands(tmp_path, srun=f"exit {run_status}", scontrol="exit 0")
+  env.update(SLURM_JOB_ID="4242", SLURM_RESTART_COUNT="1")
+  script = os.path.join(ROOT, "launch", "slurm_gpu.sbatch")
+  proc = subprocess.run(["bash", script, "configs/x.py", "--workdir=/w"], env=env, cwd=tmp_path,
+                        capture_output=True, text=True, timeout=60)
+  assert proc.returncode == status, proc.stdout + proc.stderr
+  calls = _calls(tmp_path)
+  assert calls[0].startswith("srun --kill-on-bad-exit=1 python -m metonymy.main "
+                             "--config=configs/x.py --workdir=/w"), calls
+  assert ("scontrol requeue 4242" in calls) == requeued, calls
+  with open(script) as f:
+    directives = f.read()
+  assert "#SBATCH --signal=USR1@" in directives and "#SBATCH --requeue" in directives
+  assert f"requeue_status={preemption.REQUEUE_EXIT_CODE}" in directives
+
+
+def test_the_tpu_script_restarts_a_preempted_run_when_the_slice_is_back(tmp_path):
+  # First run preempted (75), then the connection lost (255), then finished; the slice is
+  # READY throughout. Without --restart the first 75 ends the script.
+  counter = tmp_path / "runs"
+  env = _fake_commands(tmp_path, gcloud=f"""
+if [[ "$*" == *describe* ]]; then echo READY; exit 0; fi
+n=$(cat {counter} 2>/dev/null || echo 0); echo $((n + 1)) > {counter}
+case $n in 0) exit 75;; 1) exit 255;; *) exit 0;; esac""")
+  script = os.path.join(ROOT, "launch", "tpu_pod.sh")
+  proc = subprocess.run(["bash", script, "--restart=5", "tpu", "zone", "configs/x.py", "--w=1"],
+                        env=env, capture_output=True, text=True, timeout=60)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  runs = [c for c in _calls(tmp_path) if " ssh " in c]
+  assert len(runs) == 3, runs
+  assert "python -m metonymy.main --config=configs/x.py --w=1" in "\n".join(_calls(tmp_path))
+  counter.unlink()
+  proc = subprocess.run(["bash", script, "tpu", "zone", "configs/x.py"], env=env,
+                        capture_output=True, text=True, timeout=60)
+  assert proc.returncode == preemption.REQUEUE_EXIT_CODE, proc.stdout + proc.stderr
