@@ -397,3 +397,26 @@ case $n in 0) exit 75;; 1) exit 255;; *) exit 0;; esac""")
   proc = subprocess.run(["bash", script, "tpu", "zone", "configs/x.py"], env=env,
                         capture_output=True, text=True, timeout=60)
   assert proc.returncode == preemption.REQUEUE_EXIT_CODE, proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_two_processes_sigterm_before_the_loop_is_jax_preemption_notice(tmp_path):
+  # Before the loop, SIGTERM is JAX's: its coordination service's notifier (installed by
+  # jax.distributed.initialize) takes it, and reached_preemption_sync_point stops both processes
+  # at one step. Process 0 prints "Weight decay" after the collective model set-up, so process 1
+  # is past jax.distributed.initialize by then.
+  workdir = str(tmp_path / "preempted")
+  procs, lines, other = _start_two(workdir)
+  output = []
+  while (line := lines.get(timeout=300)) is not None:
+    output.append(line)
+    if line.startswith("Weight decay"):
+      procs[1].send_signal(signal.SIGTERM)
+  for proc in procs:
+    proc.wait(timeout=120)
+  time.sleep(1)
+  log = "".join(output)[-3000:] + "\n--- process 1 ---\n" + "".join(other)[-3000:]
+  assert [p.returncode for p in procs] == [preemption.REQUEUE_EXIT_CODE] * 2, log
+  saved = _saved_step(output)
+  assert "JAX's preemption notice" in log and f"saved at step {saved};" in "".join(other), log
+  assert _steps(workdir) == [saved], log

@@ -6,7 +6,10 @@ send SIGTERM. On SIGTERM or SIGUSR1 the run finishes its step, every process sav
 the same step (parameters, optimizer, step, RNG, data position), waits until the save is final,
 and exits with REQUEUE_EXIT_CODE, which launch/ scripts treat as "requeue me". A JAX preemption
 notice (`multihost_utils.reached_preemption_sync_point`, from the coordination service's own
-notifier) stops the run the same way.
+notifier) stops the run the same way. That notifier listens for SIGTERM too, from
+`jax.distributed.initialize` on; while the loop runs, these handlers take SIGTERM over, so a
+signal is handled the same way on one process and on many (the JAX notice still counts when a
+platform's notifier raises it by other means, or when SIGTERM came before the loop).
 
 How the processes agree without an extra collective: every step takes this process's wishes as
 an input ([local devices, 2] int32: a signal arrived / checkpoint_every_minutes elapsed) and
@@ -104,7 +107,9 @@ class Watch:
     for signum, handler in self._previous.items():
       # A preempted run is on its way out: a signal from here on (the scheduler repeats them)
       # must not turn exit status 75 into a kill, so none gets the default action back.
-      signal.signal(signum, signal.SIG_IGN if isinstance(exc, Preempted) else handler)
+      # (None: the previous handler was not set from Python; the default is the safe choice.)
+      restored = handler if handler is not None else signal.SIG_DFL
+      signal.signal(signum, signal.SIG_IGN if isinstance(exc, Preempted) else restored)
     self._previous = {}
     return False
 
