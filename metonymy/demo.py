@@ -159,14 +159,20 @@ def pretrain_stand_in(config, world):
 
 def stand_in_quality(config, world, vit_config, params, heads) -> Dict:
   """The stand-in's own attribute mAP (CLS head, part read-out head) on the world's `val`
-  images, beside the constant predictor's."""
+  images, beside the constant predictor's, and how legible part identity is in its patch tokens
+  (`pretrain.part_legibility`)."""
   from metonymy.models import vit
   from metonymy.probe import benchmark
   from metonymy.probe import pretrain
   data_cfg = _with_world(config.benchmark, world).data
   source, _, _ = benchmark.open_split(data_cfg, data_cfg.val, 0)
-  return pretrain.head_quality(vit.VisionTransformer(vit_config), params, heads, source,
-                               benchmark.eval_transforms(vit_config, data_cfg))
+  model = vit.VisionTransformer(vit_config)
+  transforms = benchmark.eval_transforms(vit_config, data_cfg)
+  quality = pretrain.head_quality(model, params, heads, source, transforms)
+  legibility = pretrain.part_legibility(model, params, source, transforms,
+                                        seed=int(config.seed))
+  quality.update(legibility or {})
+  return quality
 
 
 def pretrained_backbone(config, workdir: str, world) -> Tuple[str, Optional[Dict]]:
@@ -304,9 +310,8 @@ def priors_of_the_truth(data_cfg, patch_size: int) -> Dict[str, float]:
                                 **options)
   count = min(len(source), int(data_cfg.eval_examples) or len(source))
   num_parts = len(source.info.part_names)
-  # The world labels its pixels 0 = background, g + 1 = part g; masks want background = K.
-  world = np.stack([np.asarray(source[i]["part_segmentation"]) for i in range(count)])
-  labels = np.where(world == 0, num_parts, world - 1)
+  labels = masks.segmentation_part_labels(
+      np.stack([source[i]["part_segmentation"] for i in range(count)]), num_parts)
   ids, _ = masks.patch_part_ids(labels, num_parts, patch_size)
   maps = np.moveaxis(np.eye(num_parts + 1, dtype=np.float32)[ids], -1, 1)
   batch = int(data_cfg.batch_size)
@@ -560,10 +565,17 @@ def results_tables(results: Dict) -> List[str]:
   discovery = _table(["Model", "Attribute head", "mAP", "NMI", "ARI", "NMI fg", "ARI fg",
                       "largest part share"], rows)
   quality = (results["backbone"].get("quality_val") or {})
-  stand_in = _table(["Stand-in backbone (own heads, `val`)", "attribute mAP"], [
-      ["CLS head", _fmt(quality.get("cls/mAP"))],
-      ["part read-out head", _fmt(quality.get("parts/mAP"))],
-      ["constant predictor (chance level)", _fmt(quality.get("chance/mAP"))]]) if quality else ""
+  rows = [["attribute mAP of its CLS head", _fmt(quality.get("cls/mAP")),
+           _fmt(quality.get("chance/mAP"))],
+          ["attribute mAP of its part read-out head", _fmt(quality.get("parts/mAP")),
+           _fmt(quality.get("chance/mAP"))]]
+  if "part_probe/balanced_accuracy" in quality:
+    rows += [["a patch token's part, logistic probe (balanced accuracy)",
+              _fmt(quality["part_probe/balanced_accuracy"]), _fmt(quality["part_probe/chance"])],
+             ["k-means on the foreground patch tokens vs the true parts (NMI x100)",
+              _fmt(quality["kmeans_fg/NMI"], 1), "0"]]
+  stand_in = _table(["Stand-in backbone, on `val`", "value", "chance level"],
+                    rows) if quality else ""
   return [leak, "", discovery, "", stand_in, "", priors_table(pd.get("priors"))]
 
 

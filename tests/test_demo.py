@@ -234,6 +234,8 @@ def test_tiny_demo_writes_report_and_results(tiny_demo):
   quality = saved["backbone"]["quality_val"]
   assert s["stand_in_cls_map_val"] == quality["cls/mAP"]
   assert 0.0 < quality["chance/mAP"] < quality["cls/mAP"] <= 1.0
+  assert 0.0 <= quality["part_probe/balanced_accuracy"] <= 1.0
+  assert 0.0 <= quality["kmeans_fg/NMI"] <= 100.0
   assert saved["backbone"]["source"] == "pretrained in this run"
   # Part discovery: NMI/ARI with and without the background, and the collapse watch.
   for key in ("single", "two_stage_ste"):
@@ -263,6 +265,7 @@ def test_tiny_demo_writes_report_and_results(tiny_demo):
                               for k in demo.MAP_PRIORS}
   assert priors["truth"]["entropy"] == 0.0 and priors["truth"]["total_variation"] > 0.0
   assert "| ground-truth parts on the patch grid (one-hot) |" in report
+  assert "| k-means on the foreground patch tokens vs the true parts (NMI x100) |" in report
   with open(readme) as f:
     block = f.read()
   assert f"{s['ps_late']:.3f}" in block and demo.README_END in block

@@ -117,3 +117,48 @@ def test_shipped_stand_in_loads_and_matches_the_demo_recipe(seed):
   assert vit_config == demo_vit_config
   quality = record["quality_val"]
   assert quality["cls/mAP"] >= 0.6 > 2 * quality["chance/mAP"], quality
+
+
+class _PatchMeans:
+  """A stand-in 'backbone' whose patch token is the mean of its patch's pixels (any channels)."""
+
+  def __init__(self, patch_size: int):
+    self.config = type("Config", (), {"patch_size": patch_size})()
+
+  def apply(self, variables, images):
+    b, h, w, c = images.shape
+    p = self.config.patch_size
+    patches = images.reshape(b, h // p, p, w // p, p, c).mean(axis=(2, 4))
+    return {"patch_tokens": patches.reshape(b, (h // p) * (w // p), c)}
+
+
+def _world_source(num_images: int = 40):
+  from metonymy.data import synthetic
+  world = synthetic.SyntheticConfig(image_size=32, scale_range=(0.7, 0.8),
+                                    splits=(("train", 2), ("val", num_images), ("test", 2)))
+  return synthetic.make_source(None, "val", world)
+
+
+def test_part_legibility_reads_parts_from_part_features_and_nothing_from_noise():
+  source = _world_source()
+  num_parts = len(source.info.part_names)
+
+  def oracle(example):  # the image is the one-hot part map: tokens are each patch's part mix
+    labels = np.where(example["part_segmentation"] == 0, num_parts,
+                      example["part_segmentation"].astype(np.int64) - 1)
+    return dict(example, image=np.eye(num_parts + 1, dtype=np.float32)[labels])
+
+  def noise(example):
+    rng = np.random.default_rng(int(example["part_segmentation"].sum()))
+    return dict(example, image=rng.normal(size=(32, 32, 3)).astype(np.float32))
+
+  model = _PatchMeans(4)
+  legible = pretrain.part_legibility(model, {}, source, oracle)
+  assert legible["part_probe/balanced_accuracy"] > 0.95, legible
+  assert legible["kmeans_fg/NMI"] > 60.0, legible
+  assert legible["part_probe/chance"] == pytest.approx(1 / (num_parts + 1))
+  illegible = pretrain.part_legibility(model, {}, source, noise)
+  assert illegible["part_probe/balanced_accuracy"] < 0.35, illegible
+  assert illegible["kmeans_fg/NMI"] < 5.0, illegible
+  # Too few images to fit on and score: no measurement.
+  assert pretrain.part_legibility(model, {}, source, oracle, images=1) is None

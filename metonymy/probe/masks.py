@@ -195,11 +195,17 @@ class GroundTruthMasks:
       raise ValueError("masks.source='ground_truth' needs `part_segmentation` in the examples "
                        "(only the synthetic world has it); use masks.source='file' with saved "
                        "part maps for real datasets")
-    seg = np.asarray(batch["part_segmentation"]).astype(np.int32)
-    if seg.max(initial=0) > self.num_parts:
-      raise ValueError(f"part_segmentation holds label {seg.max()} but the dataset has "
-                       f"{self.num_parts} keypoint groups")
-    return PartMaps(np.where(seg == 0, self.num_parts, seg - 1).astype(np.int32), None)
+    return PartMaps(segmentation_part_labels(batch["part_segmentation"], self.num_parts), None)
+
+
+def segmentation_part_labels(segmentation: np.ndarray, num_parts: int) -> np.ndarray:
+  """A `part_segmentation` (0 = background, g + 1 = part g) as part labels with the background
+  last, as everywhere else here: int32 [..., H, W] in [0, K], K = background."""
+  seg = np.asarray(segmentation).astype(np.int32)
+  if seg.max(initial=0) > num_parts:
+    raise ValueError(f"part_segmentation holds label {seg.max()} but the dataset has "
+                     f"{num_parts} keypoint groups")
+  return np.where(seg == 0, num_parts, seg - 1).astype(np.int32)
 
 
 def _resize_nearest(maps: np.ndarray, size: Tuple[int, int]) -> np.ndarray:

@@ -201,6 +201,53 @@ def head_quality(model, params, heads, source, transforms, *, images: int = 500,
   return result
 
 
+def part_legibility(model, params, source, transforms, *, images: int = 400,
+                    fit_fraction: float = 0.625, batch_size: int = 100,
+                    seed: int = 0) -> Optional[Dict[str, float]]:
+  """How legible the part a patch belongs to is in the backbone's patch tokens, on held-out
+  images with a `part_segmentation` (the synthetic world); None without one. A diagnostic that
+  nothing trains on: it tells whether Stage 1 has parts to find in these features.
+
+  Each patch is labelled with its plurality part (probe/masks.py; K parts + background). Fit on
+  the patches of the first `fit_fraction` of the images, scored on the rest:
+    part_probe/balanced_accuracy  a logistic probe from one patch token to its label (linear
+                                  legibility); part_probe/chance = 1 / (K + 1)
+    kmeans_fg/NMI                 k-means with K clusters on the foreground tokens, x100 against
+                                  the true parts: are the parts what dominates the tokens' geometry
+  """
+  from sklearn import cluster
+  from sklearn import linear_model
+  from sklearn import metrics as sk_metrics
+  from metonymy.probe import masks
+  count = min(images, len(source))
+  fit_images = int(count * fit_fraction)
+  if not 0 < fit_images < count or "part_segmentation" not in source[0]:
+    return None
+  num_parts = len(source.info.part_names)
+  x, _, _ = load_examples(source, count, transforms)
+  labels = masks.segmentation_part_labels(
+      np.stack([source[i]["part_segmentation"] for i in range(count)]), num_parts)
+  ids, _ = masks.patch_part_ids(labels, num_parts, model.config.patch_size)
+  forward = jax.jit(lambda xb: model.apply({"params": params}, xb)["patch_tokens"])
+  tokens = np.concatenate([np.asarray(forward(x[i:i + batch_size]))
+                           for i in range(0, count, batch_size)])
+  tokens = tokens.reshape(-1, tokens.shape[-1])
+  ids = ids.reshape(-1)
+  split = fit_images * (len(ids) // count)
+  probe = linear_model.LogisticRegression(max_iter=500, class_weight="balanced")
+  probe.fit(tokens[:split], ids[:split])
+  accuracy = sk_metrics.balanced_accuracy_score(ids[split:], probe.predict(tokens[split:]))
+  foreground = ids < num_parts
+  fit_fg, score_fg = foreground[:split], foreground[split:]
+  kmeans = cluster.KMeans(num_parts, n_init=3, random_state=seed).fit(tokens[:split][fit_fg])
+  clusters = kmeans.predict(tokens[split:][score_fg])
+  return {"part_probe/balanced_accuracy": float(accuracy),
+          "part_probe/chance": 1.0 / (num_parts + 1),
+          "kmeans_fg/NMI": 100.0 * float(sk_metrics.normalized_mutual_info_score(
+              ids[split:][score_fg], clusters)),
+          "part_probe/images": count}
+
+
 # ------------------------------------------------------------------------------------------------
 # A pretrained stand-in kept as one file pair: PREFIX.npz (backbone and head arrays) and
 # PREFIX.json (the architecture, the recipe that made it and what it measured).
