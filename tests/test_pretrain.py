@@ -162,3 +162,30 @@ def test_part_legibility_reads_parts_from_part_features_and_nothing_from_noise()
   assert illegible["kmeans_fg/NMI"] < 5.0, illegible
   # Too few images to fit on and score: no measurement.
   assert pretrain.part_legibility(model, {}, source, oracle, images=1) is None
+
+
+def test_affine_augmentation_moves_each_image_by_its_own_similarity(monkeypatch):
+  images = jax.random.normal(jax.random.PRNGKey(0), (3, 16, 16, 3))
+  # Zero ranges: the identity (bilinear sampling at the pixel centres reads them exactly).
+  monkeypatch.setattr(pretrain, "AFFINE_RANGES", {"max_degrees": 0.0, "max_translate": 0.0,
+                                                  "scale_range": (1.0, 1.0)})
+  np.testing.assert_allclose(pretrain.random_affine_warp(images, jax.random.PRNGKey(1)), images,
+                             atol=1e-5)
+  # A pure zoom by 2 about the centre: output pixel (12, 12), at 0.5625 in normalized units,
+  # reads the input at 0.28125, i.e. pixel coordinate 9.75 on both axes (bilinear).
+  monkeypatch.setattr(pretrain, "AFFINE_RANGES", {"max_degrees": 0.0, "max_translate": 0.0,
+                                                  "scale_range": (2.0, 2.0)})
+  zoomed = pretrain.random_affine_warp(images, jax.random.PRNGKey(1))
+  w = np.array([0.25, 0.75])
+  expected = np.einsum("i,j,bijc->bc", w, w, np.asarray(images)[:, 9:11, 9:11])
+  np.testing.assert_allclose(zoomed[:, 12, 12], expected, atol=1e-5)
+  # The real ranges: two copies of one image get different warps.
+  monkeypatch.undo()
+  pair = jnp.stack([images[0], images[0]])
+  warped = pretrain.random_affine_warp(pair, jax.random.PRNGKey(2))
+  assert not np.allclose(warped[0], warped[1])
+
+
+def test_unknown_augmentation_is_refused():
+  with pytest.raises(ValueError, match="augment must be one of"):
+    pretrain.pretrain(None, {}, [], None, steps=1, augment="mixup")

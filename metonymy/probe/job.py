@@ -108,7 +108,7 @@ def pretrain_options(pre) -> dict:
   """Keyword arguments of pretrain.pretrain from a `backbone_pretraining` config block."""
   return {"steps": int(pre.steps), "batch_size": int(pre.batch_size),
           "learning_rate": float(pre.learning_rate), "weight_decay": float(pre.weight_decay),
-          "images": int(pre.images), "loss": str(pre.loss)}
+          "images": int(pre.images), "loss": str(pre.loss), "augment": str(pre.augment)}
 
 
 def _maybe_pretrain(config, model, params, vit_config, seed: int):

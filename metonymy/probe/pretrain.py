@@ -27,7 +27,9 @@ under BCE learned nothing here (the loss sat at the constant predictor's 0.488 f
 under a softmax the loss left that plateau within a few hundred steps.
 
 AdamW (warm-up + cosine), decoupled weight decay on 2-D weights only (training/optimizer.py's
-`decay_mask`), random horizontal flips, on `images` examples of the training split held in memory.
+`decay_mask`), on `images` examples of the training split held in memory, with random horizontal
+flips and, with `augment="affine"`, random rotations, shifts and scalings (AUGMENTATIONS; README,
+"The demo's results", gives what it measured).
 """
 
 import dataclasses
@@ -45,6 +47,21 @@ from metonymy.training import optimizer as optimizer_lib
 
 HEADS = ("cls", "parts")
 LOSSES = ("group_softmax", "bce")
+# "flip": random horizontal flips. "affine": flips, then one random similarity per image with
+# the ranges of Stage 1's equivariance prior (PDiscoFormer's: angle up to 90 degrees, shift up
+# to 11% of the size, scale 0.8-1.4), so that the features the prior compares are stable under
+# its transforms; the attributes do not change under either.
+AUGMENTATIONS = ("flip", "affine")
+AFFINE_RANGES = {"max_degrees": 90.0, "max_translate": 0.11, "scale_range": (0.8, 1.4)}
+
+
+def random_affine_warp(images: jnp.ndarray, rng: jax.Array) -> jnp.ndarray:
+  """images [B, H, W, C], each moved by its own random similarity (AFFINE_RANGES); what comes
+  from outside the frame reads 0 (the normalized mean colour)."""
+  from metonymy import geometry
+  keys = jax.random.split(rng, images.shape[0])
+  transforms = jax.vmap(lambda key: geometry.sample_affine(key, **AFFINE_RANGES))(keys)
+  return jax.vmap(lambda image, t: geometry.warp_images(image[None], t)[0])(images, transforms)
 
 
 @dataclasses.dataclass
@@ -125,10 +142,14 @@ def attribute_loss(logits: jnp.ndarray, labels: jnp.ndarray, valid: jnp.ndarray,
 
 def pretrain(model, params, source, transforms, *, steps: int, batch_size: int = 32,
              learning_rate: float = 1e-3, weight_decay: float = 0.05, images: int = 4000,
-             loss: str = "group_softmax", seed: int = 0, progress: bool = True) -> Pretrained:
+             loss: str = "group_softmax", augment: str = "flip", seed: int = 0,
+             progress: bool = True) -> Pretrained:
   """Trains `params` of `model` (a VisionTransformer) on `images` examples of `source`."""
   if loss not in LOSSES:
     raise ValueError(f"backbone_pretraining.loss must be one of {LOSSES}, got {loss!r}")
+  if augment not in AUGMENTATIONS:
+    raise ValueError(f"backbone_pretraining.augment must be one of {AUGMENTATIONS}, got "
+                     f"{augment!r}")
   start = time.perf_counter()
   x, y, valid = load_examples(source, images, transforms)
   groups = exclusive_groups(source.info.attribute_names, y, valid) if loss == "group_softmax" else []
@@ -149,12 +170,15 @@ def pretrain(model, params, source, transforms, *, steps: int, batch_size: int =
     return sum(attribute_loss(logits[h], yb, vb, groups) for h in HEADS) / len(HEADS)
 
   @jax.jit
-  def step(trainable, opt_state, xb, yb, vb):
+  def step(trainable, opt_state, xb, yb, vb, rng):
+    if augment == "affine":
+      xb = random_affine_warp(xb, rng)
     value, grads = jax.value_and_grad(loss_fn)(trainable, xb, yb, vb)
     updates, opt_state = tx.update(grads, opt_state, trainable)
     return optax.apply_updates(trainable, updates), opt_state, value
 
   rng = np.random.default_rng(seed)
+  augment_rng = jax.random.PRNGKey(seed + 1)
   bar = None
   if progress:
     from tqdm.auto import tqdm
@@ -164,7 +188,8 @@ def pretrain(model, params, source, transforms, *, steps: int, batch_size: int =
     idx = rng.integers(0, len(x), batch_size)
     flip = rng.random(batch_size) < 0.5
     xb = np.where(flip[:, None, None, None], x[idx][:, :, ::-1], x[idx])
-    trainable, state, value = step(trainable, state, xb, y[idx], valid[idx])
+    trainable, state, value = step(trainable, state, xb, y[idx], valid[idx],
+                                   jax.random.fold_in(augment_rng, i))
     if i % 50 == 0 or i == steps - 1:
       history.append((i + 1, float(value)))
       if bar is not None:
