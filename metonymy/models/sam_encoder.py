@@ -34,7 +34,6 @@ mean of its own neck tokens. Changing pixels outside part k's patches leaves it 
 
 import dataclasses
 import functools
-import json
 from typing import Any, Dict, Optional, Tuple
 
 import flax.linen as nn
@@ -59,12 +58,13 @@ EARLY_MASKING_REFUSAL = (
 
 
 @dataclasses.dataclass(frozen=True)
-class SamEncoderConfig:
+class SamEncoderConfig(vit.ArchitectureConfig):
   """Architecture of SAM's image encoder. Hashable, JSON-serializable, saved beside weights.
 
   Field names follow ViTConfig where the meaning is the same (vit.Mlp and vit._layer_norm read
   `width`, `mlp_dim`, `activation`, `norm_eps`).
   """
+  TUPLE_KEYS = ("global_blocks", "pos_embed_grid", "image_mean", "image_std")
   patch_size: int = 16
   width: int = 768
   depth: int = 12
@@ -115,26 +115,6 @@ class SamEncoderConfig:
     """The attention window of block `index`; 0 for a global block."""
     return 0 if index in self.global_blocks else self.window_size
 
-  def to_dict(self) -> Dict[str, Any]:
-    return dataclasses.asdict(self)
-
-  def to_json(self) -> str:
-    return json.dumps(self.to_dict(), indent=2, sort_keys=True)
-
-  @classmethod
-  def from_dict(cls, d: Dict[str, Any]) -> "SamEncoderConfig":
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-      raise ValueError(f"Unknown SamEncoderConfig keys {unknown}; known keys are {sorted(known)}.")
-    d = dict(d)
-    for key in ("global_blocks", "pos_embed_grid", "image_mean", "image_std"):
-      if d.get(key) is not None:
-        d[key] = tuple(d[key])
-    return cls(**d)
-
-  def replace(self, **kwargs) -> "SamEncoderConfig":
-    return dataclasses.replace(self, **kwargs)
 
 
 PRESETS: Dict[str, SamEncoderConfig] = {

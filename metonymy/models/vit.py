@@ -28,9 +28,37 @@ from metonymy.models import block_sparse
 from metonymy.models import pos_embed as pos_lib
 
 
+class ArchitectureConfig:
+  """JSON round trip of a frozen dataclass architecture config (ViTConfig, SamEncoderConfig).
+  `TUPLE_KEYS` name the fields that JSON turns into lists."""
+  TUPLE_KEYS: Tuple[str, ...] = ()
+
+  def to_dict(self) -> Dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  def to_json(self) -> str:
+    return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+  @classmethod
+  def from_dict(cls, d: Dict[str, Any]):
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+      raise ValueError(f"Unknown {cls.__name__} keys {unknown}; known keys are {sorted(known)}.")
+    d = dict(d)
+    for key in cls.TUPLE_KEYS:
+      if d.get(key) is not None:
+        d[key] = tuple(d[key])
+    return cls(**d)
+
+  def replace(self, **kwargs):
+    return dataclasses.replace(self, **kwargs)
+
+
 @dataclasses.dataclass(frozen=True)
-class ViTConfig:
+class ViTConfig(ArchitectureConfig):
   """Architecture of one backbone. Hashable, JSON-serializable; saved next to converted weights."""
+  TUPLE_KEYS = ("pos_embed_grid", "rope_periods", "image_mean", "image_std")
   patch_size: int = 16
   width: int = 768
   depth: int = 12
@@ -72,26 +100,6 @@ class ViTConfig:
   def head_dim(self) -> int:
     return self.width // self.num_heads
 
-  def to_dict(self) -> Dict[str, Any]:
-    return dataclasses.asdict(self)
-
-  def to_json(self) -> str:
-    return json.dumps(self.to_dict(), indent=2, sort_keys=True)
-
-  @classmethod
-  def from_dict(cls, d: Dict[str, Any]) -> "ViTConfig":
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-      raise ValueError(f"Unknown ViTConfig keys {unknown}; known keys are {sorted(known)}.")
-    d = dict(d)
-    for key in ("pos_embed_grid", "rope_periods", "image_mean", "image_std"):
-      if d.get(key) is not None:
-        d[key] = tuple(d[key])
-    return cls(**d)
-
-  def replace(self, **kwargs) -> "ViTConfig":
-    return dataclasses.replace(self, **kwargs)
 
 
 # Architectures by name, for random-init runs and benchmarks. Imported checkpoints carry their own.
