@@ -287,6 +287,17 @@ def last_eval(workdir: str) -> Dict[str, float]:
   return latest
 
 
+def evaluated_examples(data_cfg):
+  """(source, count): the split a train job evaluates on (`eval_split`) and how many of its first
+  examples it scores (`eval_examples`, 0 = all)."""
+  from metonymy import data as data_lib
+  options = data_cfg.options.to_dict() if hasattr(data_cfg.options, "to_dict") else dict(
+      data_cfg.options)
+  source = data_lib.make_source(data_cfg.dataset, data_cfg.root or None, data_cfg.eval_split,
+                                **options)
+  return source, min(len(source), int(data_cfg.eval_examples) or len(source))
+
+
 # The part-shaping priors that depend on the maps alone: objective.loss_fn's term name -> the
 # function in metonymy/losses.py.
 MAP_PRIORS = {"total_variation": "total_variation", "foreground_presence": "foreground_presence",
@@ -301,14 +312,9 @@ def priors_of_the_truth(data_cfg, patch_size: int) -> Dict[str, float]:
   the trained maps' values (`last_train_losses`), it says whether the priors, at this patch grid,
   prefer the true parts to what Stage 1 found."""
   import jax
-  from metonymy import data as data_lib
   from metonymy import losses
   from metonymy.probe import masks
-  options = data_cfg.options.to_dict() if hasattr(data_cfg.options, "to_dict") else dict(
-      data_cfg.options)
-  source = data_lib.make_source(data_cfg.dataset, data_cfg.root or None, data_cfg.eval_split,
-                                **options)
-  count = min(len(source), int(data_cfg.eval_examples) or len(source))
+  source, count = evaluated_examples(data_cfg)
   num_parts = len(source.info.part_names)
   labels = masks.segmentation_part_labels(
       np.stack([source[i]["part_segmentation"] for i in range(count)]), num_parts)
@@ -356,12 +362,7 @@ def chance_map(data_cfg) -> Optional[float]:
   """mAP of a constant predictor on the evaluation images the train job scores (the first
   `eval_examples` of `eval_split`): a constant score's AP is the attribute's positive rate, so
   this is the mean positive rate over attributes with a positive, the floor to read mAP against."""
-  from metonymy import data as data_lib
-  options = data_cfg.options.to_dict() if hasattr(data_cfg.options, "to_dict") else dict(
-      data_cfg.options)
-  source = data_lib.make_source(data_cfg.dataset, data_cfg.root or None, data_cfg.eval_split,
-                                **options)
-  count = min(len(source), int(data_cfg.eval_examples) or len(source))
+  source, count = evaluated_examples(data_cfg)
   labels = np.stack([np.asarray(source[i]["attributes"], np.float64) for i in range(count)])
   valid = np.stack([np.asarray(source[i]["attribute_valid"], bool) for i in range(count)])
   positives, total = (labels * valid).sum(0), valid.sum(0)
