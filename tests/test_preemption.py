@@ -4,6 +4,7 @@ Time-based checkpoints (config.trainer.checkpoint_every_minutes) are agreed like
 
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -323,7 +324,11 @@ def test_two_processes_a_signal_to_one_saves_the_same_step_on_both(tmp_path):
   log = "".join(output)[-3000:] + "\n--- process 1 ---\n" + other[-3000:]
   assert [p.returncode for p in procs] == [preemption.REQUEUE_EXIT_CODE] * 2, log
   saved = _saved_step(output)  # Process 0's, which got no signal.
-  assert f"Process 1: Preempted (SIGTERM" in other and f"saved at step {saved};" in other, log
+  # The first SIGTERM and a repeated SIGUSR1 can both be pending when the main thread next runs
+  # Python code (blocked in a collective on a busy machine); CPython then runs the handlers in
+  # signal-number order, USR1 (10) before TERM (15). Either name says process 1 got the signal.
+  assert re.search(r"Process 1: Preempted \((SIGTERM|SIGUSR1)", other), log
+  assert f"saved at step {saved};" in other, log
   steps = _steps(workdir)
   assert steps[-1] == saved > signalled, (steps, log)
   # Process 1's clock asked for saves; both processes made them (else the save would hang).

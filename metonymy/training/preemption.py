@@ -82,7 +82,8 @@ class Watch:
 
   def __init__(self, checkpoint_every_minutes: float = 0.0, start_step: int = 0):
     self.every_s = float(checkpoint_every_minutes) * 60.0
-    self.received: Optional[str] = None  # The first signal's name.
+    # The first handled signal's name (signals pending together are handled in number order).
+    self.received: Optional[str] = None
     self.count = 0
     self._last_save_step = start_step
     self._last_save_time = time.monotonic()
