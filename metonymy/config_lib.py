@@ -2,8 +2,6 @@
 
 import ml_collections
 
-from metonymy.models import vit
-
 
 def backbone(preset: str = "vit_b16", checkpoint: str = "", image_size: int = 0,
              family: str = "") -> ml_collections.ConfigDict:
@@ -29,55 +27,6 @@ def backbone(preset: str = "vit_b16", checkpoint: str = "", image_size: int = 0,
       "attention_impl": "",
       "part_pooling": False,
   })
-
-
-def build_backbone(config: ml_collections.ConfigDict, seed: int = 0):
-  """(model, params, vit_config) for a `backbone()` config block; the model computes in
-  `config.dtype` with `config.attention_impl`."""
-  model, params, vit_config = _load_backbone(config, seed)
-  if config.get("part_pooling"):
-    if not hasattr(vit_config, "part_pooling"):
-      raise ValueError("backbone.part_pooling is SAM's opt-in early masking; this backbone has a "
-                       "CLS token and masks early on its own.")
-    vit_config = vit_config.replace(part_pooling=True)
-    model = model.clone(config=vit_config)
-  import jax.numpy as jnp
-  model = model.clone(dtype=jnp.dtype(config.get("dtype") or "float32"),
-                      attention_impl=config.get("attention_impl") or None)
-  return model, params, vit_config
-
-
-def _load_backbone(config: ml_collections.ConfigDict, seed: int):
-  import jax  # Imported here so configs stay importable without touching a JAX backend.
-  import os
-  from metonymy import checkpoints
-  if config.checkpoint and os.path.exists(os.path.join(config.checkpoint, "model.json")):
-    from metonymy.models import stage1  # A training workdir: its Stage-2 ViT.
-    masks = stage1.PartMasks.from_workdir(config.checkpoint)
-    if "stage2" not in masks.params:
-      raise ValueError(f"{config.checkpoint} is a single-stage workdir: its backbone is frozen; "
-                       "pass that backbone's own checkpoint instead.")
-    model = vit.VisionTransformer(masks.model.stage2.backbone)
-    return model, masks.params["stage2"]["backbone"], model.config
-  if config.checkpoint:
-    model, params = checkpoints.load_backbone(config.checkpoint, family=config.family or None,
-                                              image_size=config.image_size or None)
-    return model, params, model.config
-  if config.preset.startswith("sam_"):  # SAM's image encoder (models/sam_encoder.py).
-    from metonymy.models import sam_encoder
-    sam_config = sam_encoder.get_config(config.preset)
-    if config.image_size:
-      sam_config = sam_config.replace(image_size=config.image_size)
-    model, params = sam_encoder.init_params(sam_config, jax.random.PRNGKey(seed))
-    return model, params, sam_config
-  vit_config = vit.get_config(config.preset)
-  if "arch" in config:  # Random-init runs may override preset fields (random_backbone()).
-    vit_config = vit_config.replace(**{k: tuple(v) if isinstance(v, list) else v
-                                       for k, v in config.arch.to_dict().items()})
-  if config.image_size:
-    vit_config = vit_config.replace(image_size=config.image_size)
-  model, params = vit.init_params(vit_config, jax.random.PRNGKey(seed))
-  return model, params, vit_config
 
 
 # ------------------------------------------------------------------------------------------------

@@ -136,11 +136,11 @@ def stand_in_recipe(config, world) -> Dict:
 def pretrain_stand_in(config, world):
   """(vit_config, pretrain.Pretrained, record): config.backbone initialised with config.seed and
   pretrained on the world's training split (probe/pretrain.py)."""
-  from metonymy import config_lib
+  from metonymy import loading
   from metonymy.probe import benchmark
   from metonymy.probe import job as probe_job
   from metonymy.probe import pretrain
-  model, params, vit_config = config_lib.build_backbone(config.backbone, int(config.seed))
+  model, params, vit_config = loading.build_backbone(config.backbone, int(config.seed))
   pre = config.backbone_pretraining
   data_cfg = _with_world(config.benchmark, world).data
   source, _, _ = benchmark.open_split(data_cfg, data_cfg.train, 0)
@@ -260,12 +260,12 @@ def run_benchmark(config, backbone: str, workdir: str, world, title: str = "") -
 def run_training(sub, backbone: str, workdir: str, world) -> Dict[str, float]:
   """Step 3: the train job from `backbone`; returns the last evaluation's scalars (read back
   from metrics.jsonl, so a rerun that finds the run complete still reports them)."""
-  from metonymy import train
+  from metonymy.training import trainer
   sub = _with_world(sub, world)
   sub.backbone.checkpoint = os.path.abspath(backbone)
   os.makedirs(workdir, exist_ok=True)
   _write_config(sub, workdir)
-  train.run(sub, workdir)
+  trainer.run(sub, workdir)
   return last_eval(workdir)
 
 
@@ -299,7 +299,7 @@ def evaluated_examples(data_cfg):
 
 
 # The part-shaping priors that depend on the maps alone: objective.loss_fn's term name -> the
-# function in metonymy/losses.py.
+# function in metonymy/training/losses.py.
 MAP_PRIORS = {"total_variation": "total_variation", "foreground_presence": "foreground_presence",
               "background_presence": "background_presence", "entropy": "pixel_entropy"}
 
@@ -312,7 +312,7 @@ def priors_of_the_truth(data_cfg, patch_size: int) -> Dict[str, float]:
   the trained maps' values (`last_train_losses`), it says whether the priors, at this patch grid,
   prefer the true parts to what Stage 1 found."""
   import jax
-  from metonymy import losses
+  from metonymy.training import losses
   from metonymy.probe import masks
   source, count = evaluated_examples(data_cfg)
   num_parts = len(source.info.part_names)

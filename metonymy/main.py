@@ -28,9 +28,9 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "With --coordinator_addre
 
 # job name -> module with run(config, workdir).
 JOBS = {
-    "backbone_smoke": "metonymy.smoke",
+    "backbone_smoke": "metonymy.probe.smoke",
     "probe": "metonymy.probe",  # Leakage benchmark: late vs early masked features, PS, MPPO.
-    "train": "metonymy.train",  # Part discovery (Stage 1, two-stage) training.
+    "train": "metonymy.training.trainer",  # Part discovery (Stage 1, two-stage) training.
     "demo": "metonymy.demo",  # The end-to-end story on the synthetic world.
 }
 # Jobs that run on one host: the leakage benchmark's probes and reports are single-host work

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from metonymy import config_lib
+from metonymy import loading
 from metonymy.models import attention
 from metonymy.models import attention_masks
 from metonymy.models import stage1
@@ -37,14 +38,15 @@ def test_training_configs_choose_the_attention_implementation():
   config = config_lib.load_sibling_config(os.path.join(ROOT, "configs", "x.py"),
                                           "synthetic_ste", "runlocal")
   assert config.backbone.attention_impl == ""
-  model, _ = two_stage.build(config, num_attributes=4)
+  model, _ = loading.build_model(config, num_attributes=4)
   assert model.backbone.attention_impl is None and model.stage2.attention_impl is None
   config.backbone.attention_impl = "xla"
-  model, _ = two_stage.build(config, num_attributes=4)
+  model, _ = loading.build_model(config, num_attributes=4)
   assert model.backbone.attention_impl == "xla" and model.stage2.attention_impl == "xla"
-  single, _ = stage1.build(config, num_attributes=4)
+  config.model.name = "stage1"
+  single, _ = loading.build_model(config, num_attributes=4)
   assert single.backbone.attention_impl == "xla"
   # The leakage benchmark's and the smoke job's backbone too.
   config.backbone.dtype = "bfloat16"
-  model, _, _ = config_lib.build_backbone(config.backbone)
+  model, _, _ = loading.build_backbone(config.backbone)
   assert model.attention_impl == "xla" and model.dtype == jnp.bfloat16

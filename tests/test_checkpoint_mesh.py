@@ -1,7 +1,7 @@
 """Orbax sharded checkpoints restore onto a different device mesh.
 
 Both tests run in a subprocess with 8 virtual CPU devices (like test_train's 8-device test):
-  1. a sharded train state saved by checkpointing.save on a data=2 x fsdp=4 mesh comes back
+  1. a sharded train state saved by run_state.save on a data=2 x fsdp=4 mesh comes back
      bit-identical, laid out exactly as asked, on other meshes (8 x 1, 1 x 8, 4 x 2, the same
      shape over other devices) and on a single device; the Grain iterator's position comes back
      too;
@@ -21,7 +21,7 @@ import orbax.checkpoint as ocp
 import pytest
 from etils import epath
 
-from metonymy.training import checkpointing
+from metonymy.training import run_state
 from tests import compile_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,8 +53,8 @@ import grain
 import ml_collections
 import optax
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
-from metonymy import train
-from metonymy.training import checkpointing, sharding
+from metonymy.training import trainer
+from metonymy.training import run_state, sharding
 
 
 def mesh(data, fsdp):
@@ -76,7 +76,7 @@ params = {"w": rng.standard_normal((16, 64)).astype(np.float32),
 tx = optax.adamw(1e-2)
 opt_state = tx.init(params)
 _, opt_state = tx.update(jax.tree.map(lambda p: p * 0.5 + 0.25, params), opt_state, params)
-state = train.TrainState(step=jnp.int32(7), params=params, opt_state=opt_state,
+state = trainer.TrainState(step=jnp.int32(7), params=params, opt_state=opt_state,
                          rng=jax.random.PRNGKey(3))
 host = jax.device_get(state)
 host_leaves, treedef = jax.tree_util.tree_flatten(host)
@@ -102,8 +102,8 @@ result = {"source": shard_shapes(saved)}
 data = iterator()
 for _ in range(3):
   next(data)
-mngr = checkpointing.manager(workdir)
-checkpointing.save(mngr, saved, data)
+mngr = run_state.manager(workdir)
+run_state.save(mngr, saved, data)
 mngr.wait_until_finished()
 # Orbax recorded the layout it was given: split over "fsdp" of a 2 x 4 mesh, not gathered.
 meta = mngr.item_metadata(7)["params"]
@@ -142,8 +142,8 @@ for name, target_sh in targets.items():
   target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                         state, target_sh)
   data = iterator()
-  mngr = checkpointing.manager(workdir)
-  restored = checkpointing.restore(mngr, 7, target, data)
+  mngr = run_state.manager(workdir)
+  restored = run_state.restore(mngr, 7, target, data)
   mngr.close()
   assert jax.tree_util.tree_structure(restored) == treedef, name
   for path, leaf, want, s in zip(paths, jax.tree_util.tree_leaves(restored), host_leaves,
@@ -158,12 +158,12 @@ for name, target_sh in targets.items():
 params_target = {k: jax.ShapeDtypeStruct(v.shape, v.dtype,
                                          sharding=targets["data1_fsdp8"].params[k])
                  for k, v in params.items()}
-restored, step = checkpointing.restore_params(workdir, params_target)
+restored, step = run_state.restore_params(workdir, params_target)
 assert step == 7
 for k, leaf in restored.items():
   check_leaf("restore_params 1x8", k, leaf, host.params[k], params_target[k].sharding)
 plain = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in params.items()}
-restored, _ = checkpointing.restore_params(workdir, plain)
+restored, _ = run_state.restore_params(workdir, plain)
 for k, leaf in restored.items():
   check_leaf("restore_params default", k, leaf, host.params[k],
              SingleDeviceSharding(jax.devices()[0]))
@@ -211,7 +211,7 @@ assert jax.device_count() == 8, jax.devices()
 root, workdir, k, min_size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 sys.path.insert(0, root)
 from tests import test_train as t
-from metonymy import train
+from metonymy.training import trainer
 from metonymy.training import sharding
 
 
@@ -236,16 +236,16 @@ def stops_at_batch_k_plus_1(*args, **kwargs):  # steps 1..K run and step K is ch
 
 sharding.global_batch = stops_at_batch_k_plus_1
 try:
-  train.run(config(2), workdir + "/fsdp2_then_1")
+  trainer.run(config(2), workdir + "/fsdp2_then_1")
   raise AssertionError("the run was not stopped")
 except KeyboardInterrupt:
   pass
 sharding.global_batch = real
 shutil.copytree(workdir + "/fsdp2_then_1", workdir + "/fsdp2_then_4")
 print("RESUMING", flush=True)
-train.run(config(1), workdir + "/fsdp2_then_1")
-train.run(config(4), workdir + "/fsdp2_then_4")
-train.run(config(1), workdir + "/uninterrupted_fsdp1")
+trainer.run(config(1), workdir + "/fsdp2_then_1")
+trainer.run(config(4), workdir + "/fsdp2_then_4")
+trainer.run(config(1), workdir + "/uninterrupted_fsdp1")
 print("RESULT " + json.dumps({}))
 """
 
@@ -258,7 +258,7 @@ def _logged_steps(workdir):
 def _checkpoint_layout(workdir, step):
   """{parameter path: (mesh shape, partition spec)} as Orbax recorded it for the "params" item
   at `step` (read without restoring anything)."""
-  path = epath.Path(checkpointing.directory(workdir)) / str(step) / "params"
+  path = epath.Path(run_state.directory(workdir)) / str(step) / "params"
   meta = ocp.StandardCheckpointHandler().metadata(path).tree
   return {jax.tree_util.keystr(p): (tuple(map(int, m.sharding.shape)),
                                     tuple(m.sharding.partition_spec))
@@ -291,7 +291,7 @@ def test_training_resumes_onto_a_different_mesh(tmp_path):
   steps = list(range(1, 2 * K + 1))
   for workdir in (split1, split4, reference):  # each step logged once: no replay, no gap
     assert _logged_steps(workdir) == steps, workdir
-    mngr = checkpointing.manager(workdir)
+    mngr = run_state.manager(workdir)
     assert mngr.all_steps() == [K, 2 * K], workdir
     mngr.close()
 

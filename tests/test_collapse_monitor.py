@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from metonymy import objective
+from metonymy.training import objective
 from metonymy.training import evaluate
 
 NUM_PARTS = 3  # K; channels 0..3, 3 = background

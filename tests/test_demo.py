@@ -1,5 +1,5 @@
 """The demo job (metonymy/demo.py): configs, the README block, the attention/feature helpers
-(metonymy/explore.py), and small end-to-end runs of the story and the correlation sweep."""
+(metonymy/probe/explore.py), and small end-to-end runs of the story and the correlation sweep."""
 
 import json
 import os
@@ -13,7 +13,7 @@ from sklearn import metrics as skm
 from metonymy import config_lib
 from metonymy import data as data_lib
 from metonymy import demo
-from metonymy import explore
+from metonymy.probe import explore
 from metonymy.models import vit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

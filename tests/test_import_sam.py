@@ -30,6 +30,7 @@ torch = ref.torch
 F = torch.nn.functional
 
 from metonymy import checkpoints  # noqa: E402
+from metonymy import loading
 from metonymy.checkpoints import __main__ as checkpoints_cli  # noqa: E402
 from metonymy.checkpoints import registry  # noqa: E402
 from metonymy.checkpoints.io import RawCheckpoint  # noqa: E402
@@ -383,7 +384,7 @@ def test_suite_has_sam_with_late_masking_only():
 @pytest.mark.slow
 def test_random_init_sam_preset_builds_like_the_vits():
   from metonymy import config_lib
-  model, params, built = config_lib.build_backbone(
+  model, params, built = loading.build_backbone(
       config_lib.backbone(preset="sam_tiny_test", image_size=64))
   assert isinstance(model, sam_encoder.SamImageEncoder) and built.image_size == 64
   assert params["blocks_1"]["attn"]["rel_pos_h"].std() > 0.01  # Random tables, not SAM's zeros.

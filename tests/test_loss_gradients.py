@@ -2,7 +2,7 @@
 
 A part whose map underflows to 0 over an image has a zero embedding (eq. 3 pools with the map),
 and jnp.linalg.norm's gradient at the zero vector is NaN even behind jnp.maximum(norm, eps); one
-NaN gradient ends a run. Every loss of metonymy/losses.py is differentiated here with respect to
+NaN gradient ends a run. Every loss of metonymy/training/losses.py is differentiated here with respect to
 all of its inputs at a zero part embedding (one part, the background, all of them) and at an
 all-zero map channel (one part, the background).
 """
@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from metonymy import geometry
-from metonymy import losses
+from metonymy.training import geometry
+from metonymy.training import losses
 
 BATCH, NUM_PARTS, DIM, NUM_ATTRIBUTES, GRID = 2, 4, 8, 3, 6
 BACKGROUND = NUM_PARTS  # The last channel / row.

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from metonymy import geometry
-from metonymy import losses
+from metonymy.training import geometry
+from metonymy.training import losses
 
 
 def test_attribute_bce_hand_value_and_valid_mask():

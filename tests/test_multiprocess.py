@@ -28,7 +28,7 @@ if {num_processes} > 1:
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-from metonymy import train
+from metonymy.training import trainer
 from metonymy.training import inputs, sharding
 from tests import test_train
 
@@ -60,7 +60,7 @@ if {stop_at_batch}:  # A simulated kill of every process when the trainer asks f
     return real(*args, **kwargs)
   sharding.global_batch = dies
 try:
-  train.run(config, {workdir!r})
+  trainer.run(config, {workdir!r})
 except KeyboardInterrupt:
   print("KILLED", flush=True)
 """

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from metonymy import config_checks
-from metonymy import train
-from metonymy.training import checkpointing
+from metonymy.training import trainer
+from metonymy.training import run_state
 from metonymy.training import preemption
 from metonymy.training import sharding
 from tests import compile_cache
@@ -38,7 +38,7 @@ def _config(num_steps, checkpoint_every_steps=1000, minutes=0.0):
 
 
 def _steps(workdir):
-  return sorted(checkpointing.manager(workdir).all_steps())
+  return sorted(run_state.manager(workdir).all_steps())
 
 
 def _raw_state(workdir, step):
@@ -46,7 +46,7 @@ def _raw_state(workdir, step):
   processes wrote it (test_faults._raw_state reads single-process checkpoints only)."""
   import orbax.checkpoint as ocp
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  directory = checkpointing.directory(workdir)
+  directory = run_state.directory(workdir)
   items = {}
   for name in ("params", "opt_state"):
     tree = ocp.StandardCheckpointer().metadata(f"{directory}/{step}/{name}").item_metadata.tree
@@ -76,7 +76,7 @@ def _assert_same_state(workdir, reference, step):
 def test_a_signal_saves_the_next_step_raises_preempted_and_the_rerun_matches(tmp_path,
                                                                              monkeypatch):
   reference, workdir = str(tmp_path / "reference"), str(tmp_path / "preempted")
-  train.run(_config(8), reference)
+  trainer.run(_config(8), reference)
   before, before_usr1 = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGUSR1)
 
   real, calls = sharding.global_batch, []
@@ -87,7 +87,7 @@ def test_a_signal_saves_the_next_step_raises_preempted_and_the_rerun_matches(tmp
     return real(*args, **kwargs)
   monkeypatch.setattr(sharding, "global_batch", signals_at_step_4)
   with pytest.raises(preemption.Preempted) as raised:
-    train.run(_config(8), workdir)
+    trainer.run(_config(8), workdir)
   monkeypatch.undo()
   # Step 4 carried the wish; its result is read while step 5 runs, so step 5 is saved.
   assert raised.value.code == preemption.REQUEUE_EXIT_CODE == 75
@@ -99,7 +99,7 @@ def test_a_signal_saves_the_next_step_raises_preempted_and_the_rerun_matches(tmp
   signal.signal(signal.SIGTERM, before)
   signal.signal(signal.SIGUSR1, before_usr1)
 
-  train.run(_config(8), workdir)
+  trainer.run(_config(8), workdir)
   assert signal.getsignal(signal.SIGTERM) is before  # A finished loop puts the handlers back.
   assert _steps(workdir) == [5, 8]
   _assert_same_state(workdir, reference, 8)
@@ -109,10 +109,10 @@ def test_a_signal_saves_the_next_step_raises_preempted_and_the_rerun_matches(tmp
 def test_checkpoint_every_minutes_saves_by_the_clock(tmp_path):
   # Due at every step: a save resets the clock, so the next wish is the step after the save's.
   workdir = str(tmp_path / "timed")
-  train.run(_config(7, minutes=1e-9), workdir)
+  trainer.run(_config(7, minutes=1e-9), workdir)
   assert _steps(workdir) == [2, 4, 6, 7]
   workdir = str(tmp_path / "off")
-  train.run(_config(7, minutes=0.0), workdir)
+  trainer.run(_config(7, minutes=0.0), workdir)
   assert _steps(workdir) == [7]
   assert config_checks.problems(_config(7, minutes=-1.0)) == [
       "config.trainer.checkpoint_every_minutes=-1.0 must be >= 0 (a size or count; 0 means the "
@@ -235,7 +235,7 @@ def test_sigterm_at_a_random_step_saves_there_requeues_and_the_rerun_matches(tmp
   # One checkpoint, at a step boundary after the signal, the last step the run logged.
   assert _steps(workdir) == [saved] and signalled < saved < STEPS, (signalled, log)
   assert test_faults._metric_steps(workdir) == list(range(1, saved + 1)), log
-  assert not any("tmp" in n for n in os.listdir(checkpointing.directory(workdir)))
+  assert not any("tmp" in n for n in os.listdir(run_state.directory(workdir)))
   _finish_and_compare(workdir, reference, saved)
 
 
@@ -257,7 +257,7 @@ def test_sigterm_during_an_in_flight_async_save(tmp_path, reference):
   steps = _steps(workdir)
   # The in-flight save finished, then the preemption's own; every checkpoint is final.
   assert steps[-1] == saved > signalled and len(steps) >= 3, (steps, log)
-  assert not any("tmp" in n for n in os.listdir(checkpointing.directory(workdir)))
+  assert not any("tmp" in n for n in os.listdir(run_state.directory(workdir)))
   for step in steps:
     assert test_faults._checkpoint_is_finite(workdir, step)
   _finish_and_compare(workdir, reference, saved)
@@ -333,7 +333,7 @@ def test_two_processes_a_signal_to_one_saves_the_same_step_on_both(tmp_path):
   assert steps[-1] == saved > signalled, (steps, log)
   # Process 1's clock asked for saves; both processes made them (else the save would hang).
   assert len(steps) >= 2, (steps, log)
-  data = sorted(os.listdir(os.path.join(checkpointing.directory(workdir), str(saved), "data")))
+  data = sorted(os.listdir(os.path.join(run_state.directory(workdir), str(saved), "data")))
   assert [f for f in data if f.startswith("process_")] == [
       "process_0-of-2.json", "process_1-of-2.json"], data
 

@@ -12,6 +12,7 @@ import pytest
 
 from metonymy import config_lib
 from metonymy import demo
+from metonymy import loading
 from metonymy.checkpoints.io import CheckpointError
 from metonymy.models import vit
 from metonymy.probe import pretrain
@@ -113,7 +114,7 @@ def test_shipped_stand_in_loads_and_matches_the_demo_recipe(seed):
   vit_config, params, heads, record = pretrain.load_stand_in(prefix)
   assert record["recipe"] == demo.stand_in_recipe(config, config.world)
   assert record["command"].endswith(f"--config.world.seed={seed} --workdir=DIR")
-  _, _, demo_vit_config = config_lib.build_backbone(config.backbone, config.seed)
+  _, _, demo_vit_config = loading.build_backbone(config.backbone, config.seed)
   assert vit_config == demo_vit_config
   quality = record["quality_val"]
   assert quality["cls/mAP"] >= 0.6 > 2 * quality["chance/mAP"], quality

@@ -14,6 +14,7 @@ import pytest
 from sklearn.linear_model import LogisticRegression
 
 from metonymy import config_lib
+from metonymy import loading
 from metonymy.data import synthetic
 from metonymy.data import transforms as transforms_lib
 from metonymy.models import stage1
@@ -344,7 +345,7 @@ def _synthetic_config():
 def _synthetic_run(tmp_path, seed, pretrain_steps, batch_size=16):
   from metonymy.probe import pretrain
   config = _synthetic_config()
-  model, params, vit_config = config_lib.build_backbone(config.backbone, seed)
+  model, params, vit_config = loading.build_backbone(config.backbone, seed)
   if pretrain_steps:
     source, _, _ = benchmark.open_split(config.data, "train", 0)
     params = pretrain.pretrain(model, params, source, benchmark.eval_transforms(vit_config,
@@ -462,7 +463,7 @@ def test_probe_job_on_fixture_datasets(tmp_path, dataset):
     np.save(tmp_path / f"maps_{split}.npy", rng.integers(0, 4, (n, 8, 8)).astype(np.int32))
   config = _tiny_real_config(name, root, tmp_path / "maps_{split}.npy")
   if dataset == "cub":  # The metrics only (the job and its report are run for CheXpert).
-    model, params, vit_config = config_lib.build_backbone(config.backbone, 0)
+    model, params, vit_config = loading.build_backbone(config.backbone, 0)
     results, _ = benchmark.evaluate("tiny", model, params, vit_config, config, seed=0,
                                     cache_root=str(tmp_path / "cache"), progress=False)
     assert results["causal_leakage_early"] == 0.0

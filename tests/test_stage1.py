@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from metonymy import config_lib
-from metonymy import objective
+from metonymy import loading
+from metonymy.training import objective
 from metonymy.models import stage1
 from tests import compile_cache
 
@@ -20,7 +21,7 @@ def setup():
   config = ml_collections.ConfigDict({
       "seed": 0, "backbone": config_lib.backbone("vit_tiny_test", image_size=SIZE),
       "model": config_lib.stage1_model(num_parts=K, temperature=1.0)})
-  model, frozen = stage1.build(config, A)
+  model, frozen = loading.build_model(config, A)
   images = jax.random.normal(jax.random.PRNGKey(1), (2, SIZE, SIZE, 3))
   params = model.init(jax.random.PRNGKey(2), images)
   return model, frozen, params, images

@@ -16,10 +16,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from metonymy import losses
-from metonymy import train
+from metonymy import loading
+from metonymy.training import losses
+from metonymy.training import trainer
 from metonymy.models import stage1
-from metonymy.training import checkpointing
+from metonymy.training import run_state
 from metonymy.training import sharding
 from tests import compile_cache
 
@@ -60,14 +61,14 @@ def _losses(workdir):
 
 
 def _params(workdir, step=None):
-  return stage1.PartMasks.from_workdir(workdir, step).params
+  return loading.load_part_masks(workdir, step).params
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
   """An uninterrupted 30-step run and its last evaluation."""
   workdir = str(tmp_path_factory.mktemp("reference"))
-  scalars = train.run(_config(), workdir)
+  scalars = trainer.run(_config(), workdir)
   return workdir, scalars
 
 
@@ -99,7 +100,7 @@ def test_short_run_lowers_the_loss_and_writes_everything(reference):
     assert written[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
   assert any(n.startswith("events.out.tfevents") for n in os.listdir(f"{workdir}/tensorboard"))
   assert any(n.endswith(".png") for n in os.listdir(f"{workdir}/images"))
-  mngr = checkpointing.manager(workdir)
+  mngr = run_state.manager(workdir)
   assert mngr.all_steps() == [20, 30]  # keep_checkpoints = 2
 
 
@@ -137,7 +138,7 @@ def test_short_run_logs_part_shares_and_writes_the_report(reference):
 
 def test_part_masks_from_a_trained_workdir(reference):
   workdir, _ = reference
-  masks = stage1.PartMasks.from_workdir(workdir)
+  masks = loading.load_part_masks(workdir)
   assert masks.meta["step"] == STEPS and masks.num_parts == 5 and masks.image_size == 32
   images = jax.random.normal(jax.random.PRNGKey(0), (2, 32, 32, 3))
   maps = masks.maps(images)
@@ -160,9 +161,9 @@ def test_part_masks_from_a_trained_workdir(reference):
   pixel_maps = masks.pixel_maps(images)
   assert pixel_maps.shape == (2, 6, 32, 32)
   np.testing.assert_allclose(pixel_maps.sum(1), 1.0, rtol=1e-5)
-  assert stage1.PartMasks.from_workdir(workdir, step=20).meta["step"] == 20
+  assert loading.load_part_masks(workdir, step=20).meta["step"] == 20
   with pytest.raises(FileNotFoundError, match="steps saved"):
-    stage1.PartMasks.from_workdir(workdir, step=5)
+    loading.load_part_masks(workdir, step=5)
 
 
 def test_resume_after_a_kill_is_bit_exact(reference, tmp_path, monkeypatch):
@@ -178,10 +179,10 @@ def test_resume_after_a_kill_is_bit_exact(reference, tmp_path, monkeypatch):
 
   monkeypatch.setattr(sharding, "global_batch", dies_at_batch_14)
   with pytest.raises(KeyboardInterrupt):
-    train.run(_config(), workdir)
+    trainer.run(_config(), workdir)
   monkeypatch.setattr(sharding, "global_batch", real)
-  assert checkpointing.manager(workdir).latest_step() == 10
-  train.run(_config(), workdir)
+  assert run_state.manager(workdir).latest_step() == 10
+  trainer.run(_config(), workdir)
 
   assert _losses(workdir) == _losses(reference[0])
   resumed, uninterrupted = _params(workdir), _params(reference[0])
@@ -193,14 +194,14 @@ _SLOW_RUN = r"""
 import sys, time
 sys.path.insert(0, {root!r})
 from tests import test_train as t
-from metonymy import train
+from metonymy.training import trainer
 from metonymy.training import sharding
 real = sharding.global_batch
 def slow(*args, **kwargs):  # Gives the parent time to kill between checkpoints; no math changes.
   time.sleep(0.25)
   return real(*args, **kwargs)
 sharding.global_batch = slow
-train.run(t._config(), {workdir!r})
+trainer.run(t._config(), {workdir!r})
 """
 
 
@@ -222,8 +223,8 @@ def test_resume_after_sigkill_is_bit_exact(reference, tmp_path):
     proc.wait()
   killed_at = max(_losses(workdir))
   assert 13 <= killed_at < STEPS and proc.returncode == -signal.SIGKILL
-  assert checkpointing.manager(workdir).latest_step() in (10, 20)
-  train.run(_config(), workdir)
+  assert run_state.manager(workdir).latest_step() in (10, 20)
+  trainer.run(_config(), workdir)
   assert _losses(workdir) == _losses(reference[0])
   resumed, uninterrupted = _params(workdir), _params(reference[0])
   for a, b in zip(jax.tree_util.tree_leaves(resumed), jax.tree_util.tree_leaves(uninterrupted)):
@@ -235,11 +236,11 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(reference, tmp
   workdir = str(tmp_path / "run")
   shutil.copytree(reference[0], workdir)
   monkeypatch.setattr(losses, "pixel_entropy", lambda maps: jnp.nan * jnp.sum(maps))
-  with pytest.raises(train.NonFiniteError,
+  with pytest.raises(trainer.NonFiniteError,
                      match=rf"step {STEPS + 1}.*last good checkpoint is step {STEPS}") as error:
-    train.run(_config(STEPS + 10), workdir)
+    trainer.run(_config(STEPS + 10), workdir)
   assert "'loss': nan" in str(error.value)
-  assert checkpointing.manager(workdir).latest_step() == STEPS
+  assert run_state.manager(workdir).latest_step() == STEPS
   params = _params(workdir)
   assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree_util.tree_leaves(params))
 
@@ -257,14 +258,14 @@ import jax
 assert jax.device_count() == 8, jax.devices()
 sys.path.insert(0, {root!r})
 from tests import test_train as t
-from metonymy import train
+from metonymy.training import trainer
 results = {{}}
 # Data parallel over 8; then 4 x FSDP 2 (batch over all 8, parameters and optimizer state split
 # over "fsdp" too).
 for name, data, fsdp in (("dp8", -1, 1), ("dp4_fsdp2", 4, 2)):
   config = t._config()
   config.mesh.data, config.mesh.fsdp, config.mesh.fsdp_min_size = data, fsdp, 64
-  train.run(config, {workdir!r} + "/" + name)
+  trainer.run(config, {workdir!r} + "/" + name)
   results[name] = t._losses({workdir!r} + "/" + name)
 print("RESULT " + json.dumps(results))
 """

@@ -14,13 +14,14 @@ import orbax.checkpoint as ocp
 import pytest
 
 from metonymy import config_lib
-from metonymy import losses
-from metonymy import train
+from metonymy import loading
+from metonymy.training import losses
+from metonymy.training import trainer
 from metonymy.models import attention_masks
 from metonymy.models import stage1 as stage1_lib
 from metonymy.models import two_stage
 from metonymy.models import vit
-from metonymy.training import checkpointing
+from metonymy.training import run_state
 from metonymy.training import sharding
 from tests import compile_cache
 
@@ -229,10 +230,10 @@ import jax
 assert jax.device_count() == 8, jax.devices()
 sys.path.insert(0, {root!r})
 from tests import test_two_stage as t
-from metonymy import train
+from metonymy.training import trainer
 out = {{}}
 for mask in ("soft", "hard", "ste"):
-  train.run(t._config(mask), {workdir!r} + "/" + mask)
+  trainer.run(t._config(mask), {workdir!r} + "/" + mask)
   out[mask] = t._step_losses({workdir!r} + "/" + mask)
 print("RESULT " + json.dumps(out))
 """
@@ -241,9 +242,9 @@ print("RESULT " + json.dumps(out))
 def test_hard_configs_send_the_selected_gradient_unless_told_none():
   config = _config("hard")
   assert config.model.stage2.hard_gradient == "selected"
-  assert two_stage.build(config, A)[0].stage2.hard_gradient == "selected"
+  assert loading.build_model(config, A)[0].stage2.hard_gradient == "selected"
   config.model.stage2.hard_gradient = "none"
-  assert two_stage.build(config, A)[0].stage2.hard_gradient == "none"
+  assert loading.build_model(config, A)[0].stage2.hard_gradient == "none"
   with pytest.raises(ValueError, match="hard_gradient"):
     config_lib.two_stage(_config("hard"), "hard", hard_gradient="stop")
 
@@ -252,7 +253,7 @@ def test_hard_configs_send_the_selected_gradient_unless_told_none():
 def test_training_steps_match_on_one_and_eight_devices(tmp_path):
   one = {}
   for mask in ("soft", "hard", "ste"):
-    train.run(_config(mask), str(tmp_path / f"one_{mask}"))
+    trainer.run(_config(mask), str(tmp_path / f"one_{mask}"))
     one[mask] = _step_losses(str(tmp_path / f"one_{mask}"))
   env = dict(os.environ, JAX_NUM_CPU_DEVICES="8", **compile_cache.ENV)
   env.pop("XLA_FLAGS", None)
@@ -275,9 +276,9 @@ def test_benchmark_backbone_from_a_two_stage_workdir_gives_stage2_features(tmp_p
   config = _config("ste")
   config.trainer.num_steps = 2
   workdir = str(tmp_path / "run")
-  train.run(config, workdir)
-  masks = stage1_lib.PartMasks.from_workdir(workdir)
-  model, params, _ = config_lib.build_backbone(
+  trainer.run(config, workdir)
+  masks = loading.load_part_masks(workdir)
+  model, params, _ = loading.build_backbone(
       config_lib.backbone(checkpoint=workdir, image_size=config.data.image_size))
   size = config.data.image_size
   images = jax.random.normal(jax.random.PRNGKey(0), (2, size, size, 3))
@@ -290,7 +291,7 @@ def test_benchmark_backbone_from_a_two_stage_workdir_gives_stage2_features(tmp_p
 
 def _saved_state(workdir):
   """The latest checkpoint's parameters and optimizer state, as saved (both stages)."""
-  mngr = checkpointing.manager(workdir)
+  mngr = run_state.manager(workdir)
   try:
     step = mngr.latest_step()
     restored = mngr.restore(step, args=ocp.args.Composite(
@@ -310,7 +311,7 @@ def test_ste_resume_after_a_kill_is_bit_exact(tmp_path, monkeypatch):
     config.trainer.checkpoint_every_steps = 3
     return config
   reference = str(tmp_path / "reference")
-  train.run(config(), reference)
+  trainer.run(config(), reference)
   workdir = str(tmp_path / "killed")
   real = sharding.global_batch
   calls = {"n": 0}
@@ -323,10 +324,10 @@ def test_ste_resume_after_a_kill_is_bit_exact(tmp_path, monkeypatch):
 
   monkeypatch.setattr(sharding, "global_batch", dies_at_batch_5)
   with pytest.raises(KeyboardInterrupt):
-    train.run(config(), workdir)
+    trainer.run(config(), workdir)
   monkeypatch.setattr(sharding, "global_batch", real)
-  assert checkpointing.manager(workdir).latest_step() == 3
-  train.run(config(), workdir)
+  assert run_state.manager(workdir).latest_step() == 3
+  trainer.run(config(), workdir)
 
   assert _step_losses(workdir) == _step_losses(reference)
   (step, params, opt_state), want = _saved_state(workdir), _saved_state(reference)

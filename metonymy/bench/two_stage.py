@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from metonymy import losses
+from metonymy.training import losses
 from metonymy.models import stage1 as stage1_lib
 from metonymy.models import two_stage
 from metonymy.models import vit

@@ -13,29 +13,12 @@ The backbone's parameters are not part of the trainable tree: `init` returns onl
 parameters, and `apply` takes the backbone's as a separate `frozen` argument, so the optimizer
 never sees (or keeps state for) them.
 
-The model interface the trainer uses (Stage 2 implements the same; metonymy/train.py):
+`Stage1` keeps the part-model contract (models/part_model.py `PartModel`), as Stage 2 does.
 
-  build(config, num_attributes) -> (model, frozen)       module-level; config.model.name names
-                                                          the module under metonymy/models/
-  model.backbone                                          the frozen VisionTransformer (its config
-                                                          gives image_mean/std and is saved for a
-                                                          random-init run)
-  model.init(rng, images, frozen) -> params               trainable parameters only
-  model.apply(params, frozen, images, *, train, rng) -> out
-      out["maps"] [B, K+1, h, w]        Stage-1 maps: the part-shaping priors act on them
-      out["logits"] {head: [B, A]}      every head gets an attribute BCE (Stage 2 adds "stage2")
-      out["part_embeddings"], out["modulated_embeddings"] [B, K+1, D]: the orthogonality loss
-  model.part_maps(params, frozen, images, *, train, rng)  the maps alone (the equivariance pass)
-  model.param_groups(params) -> tree of group names       keys of config.optimizer.learning_rates
-                                                          ("frozen" = no update, no state)
-
-`PartMasks.from_workdir(workdir)` turns a trained checkpoint into part maps, part ids on any
-patch grid, or pixel labels (the leakage benchmark's mask source).
+`PartMasks` (made by `metonymy.loading.load_part_masks(workdir)`) turns a trained checkpoint into
+part maps, part ids on any patch grid, or pixel labels (the leakage benchmark's mask source).
 """
 
-import importlib
-import json
-import os
 from typing import Any, Dict, Optional, Tuple
 
 import flax.linen as nn
@@ -167,13 +150,11 @@ class Stage1:
                                          sub) for name, sub in params.items()}
 
 
-def build(config, num_attributes: int) -> Tuple[Stage1, Any]:
-  """(model, frozen backbone parameters) for a config with `backbone` and `model` blocks."""
-  from metonymy import config_lib  # Avoids a models <-> config_lib import cycle.
-  backbone, frozen, _ = config_lib.build_backbone(config.backbone, config.seed)
+def build(config, backbone: vit.VisionTransformer, num_attributes: int) -> Stage1:
+  """Stage 1 on `backbone` (metonymy/loading.py builds it) for a config's `model` block."""
   head = Stage1Head(num_parts=config.model.num_parts, num_attributes=num_attributes,
                     temperature=config.model.temperature)
-  return Stage1(backbone, head), frozen
+  return Stage1(backbone, head)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -183,7 +164,7 @@ def build(config, num_attributes: int) -> Tuple[Stage1, Any]:
 class PartMasks:
   """Part maps and part ids of a trained Stage-1 model.
 
-    masks = PartMasks.from_workdir("workdirs/cub_single")          # latest checkpoint
+    masks = loading.load_part_masks("workdirs/cub_single")         # latest checkpoint
     maps = masks.maps(images)                      # float32 [B, K+1, h, w], background last
     ids = masks.part_ids(images)                   # int32 [B, h, w] in [0, K], K = background
     ids = masks.part_ids(images, grid=(16, 16))    # on another backbone's patch grid
@@ -202,36 +183,6 @@ class PartMasks:
     self.image_mean, self.image_std = tuple(cfg.image_mean), tuple(cfg.image_std)
     self.num_parts = model.num_parts
     self._maps = jax.jit(lambda p, f, x: model.part_maps(p, f, x, train=False))
-
-  @classmethod
-  def from_workdir(cls, workdir: str, step: Optional[int] = None) -> "PartMasks":
-    """Loads the Stage-1 model trained in `workdir` (the latest checkpoint, or `step`)."""
-    import ml_collections
-    from metonymy.training import checkpointing  # Lazy: models must not need the trainer.
-    path = os.path.join(workdir, checkpointing.MODEL_FILE)
-    if not os.path.exists(path):
-      raise FileNotFoundError(f"{path} not found: {workdir} is not a Stage-1 training workdir.")
-    with open(path) as f:
-      meta = json.load(f)
-    if meta["model"]["name"] not in ("stage1", "two_stage"):
-      raise ValueError(f"{workdir} holds a {meta['model']['name']!r} model, not a part-discovery "
-                       "model ('stage1' or 'two_stage').")
-    backbone = dict(meta["backbone"])
-    saved = os.path.join(workdir, checkpointing.BACKBONE_DIR)
-    if not backbone["checkpoint"]:
-      if not os.path.isdir(saved):
-        raise FileNotFoundError(f"{workdir} trained on a random-init backbone but {saved} is "
-                                f"missing.")
-      backbone["checkpoint"] = saved
-    config = ml_collections.ConfigDict({"backbone": backbone, "model": meta["model"],
-                                        "seed": meta["seed"]})
-    module = importlib.import_module(f"metonymy.models.{meta['model']['name']}")
-    model, frozen = module.build(config, meta["num_attributes"])
-    images = jnp.zeros((1, meta["image_size"], meta["image_size"], 3), jnp.float32)
-    abstract = jax.eval_shape(model.init, jax.random.PRNGKey(0), images, frozen)
-    params, restored_step = checkpointing.restore_params(workdir, abstract, step)
-    meta = dict(meta, step=restored_step)
-    return cls(model, params, frozen, meta)
 
   def part_features(self, images: jnp.ndarray) -> jnp.ndarray:
     """Stage 2's isolated part features [B, K+1, D] of a two-stage checkpoint (images

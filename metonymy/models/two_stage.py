@@ -202,9 +202,10 @@ class TwoStage:
     return {"stage1": self.stage1.param_groups(params["stage1"]), "stage2": stage2}
 
 
-def build(config, num_attributes: int) -> Tuple[TwoStage, Any]:
-  """(model, frozen backbone parameters) for a config whose `model` block has a `stage2` block."""
-  stage1, frozen = stage1_lib.build(config, num_attributes)
+def build(config, backbone: vit.VisionTransformer, num_attributes: int) -> TwoStage:
+  """The two-stage model on `backbone` (metonymy/loading.py builds it) for a config whose `model`
+  block has a `stage2` block."""
+  stage1 = stage1_lib.build(config, backbone, num_attributes)
   stage2 = Stage2(backbone=stage1.backbone.config, num_parts=config.model.num_parts,
                   num_attributes=num_attributes, mask=config.model.stage2.mask,
                   feature=config.model.stage2.feature,
@@ -214,4 +215,4 @@ def build(config, num_attributes: int) -> Tuple[TwoStage, Any]:
                   attention_tiles=config.model.stage2.get("attention_tiles", 0),
                   attention_impl=config.backbone.get("attention_impl") or None,
                   dtype=jnp.dtype(config.backbone.dtype))
-  return TwoStage(stage1, stage2), frozen
+  return TwoStage(stage1, stage2)

@@ -17,7 +17,7 @@ from typing import Dict, List, Tuple
 
 from absl import logging
 
-from metonymy import config_lib
+from metonymy import loading
 from metonymy.probe import benchmark
 from metonymy.probe import pretrain
 from metonymy.probe import report
@@ -60,10 +60,10 @@ def run(config, workdir: str) -> Dict:
                          f"backbone {name!r} loads {backbone_cfg.checkpoint}")
       if backbone_cfg.checkpoint:
         # The seed does not change a checkpoint: load it once.
-        loaded = loaded or config_lib.build_backbone(backbone_cfg, seed)
+        loaded = loaded or loading.build_backbone(backbone_cfg, seed)
         model, params, vit_config = loaded
       else:
-        model, params, vit_config = config_lib.build_backbone(backbone_cfg, seed)
+        model, params, vit_config = loading.build_backbone(backbone_cfg, seed)
         params = _maybe_pretrain(config, model, params, vit_config, int(seed))
       print(f"[probe] {name} seed {seed}: {vit_config.depth} blocks, width {vit_config.width}, "
             f"patch {vit_config.patch_size}, {config.data.dataset} at "

@@ -321,27 +321,20 @@ class FileMasks:
 
 
 class Stage1Masks:
-  """Masks predicted by a trained Stage-1 part-discovery model (issue 5), from its workdir.
+  """Masks predicted by a trained Stage-1 part-discovery model , from its workdir.
 
-  Uses `metonymy.models.stage1.PartMasks.from_workdir(path).pixel_labels(images, mean, std)`:
+  Uses `metonymy.loading.load_part_masks(path).pixel_labels(images, mean, std)`:
   the argmax over the K + 1 maps (background last) and over the K foreground maps, at the
   benchmark's image resolution, for images normalized with the benchmark backbone's statistics.
   Evaluation mode (no Gumbel noise), so masks are a deterministic function of the image.
   """
 
   def __init__(self, workdir: str, image_mean, image_std, part_names: Sequence[str] = ()):
-    try:
-      from metonymy.models import stage1  # Lazy: only this source needs the Stage-1 model.
-      loader = stage1.PartMasks
-    except (ImportError, AttributeError) as e:
-      raise NotImplementedError(
-          f"masks.source='stage1' needs the Stage-1 part-discovery model of issue 5 "
-          f"(metonymy/models/stage1.py with PartMasks), which is not available: {e}. Save the part "
-          "maps as a .npy/.npz file and use masks.source='file' instead.") from None
+    from metonymy import loading  # Lazy: only this source loads a trained model.
     if not workdir:
       raise ValueError("masks.source='stage1' needs masks.path = a Stage-1 training workdir")
     self.path = workdir
-    self.model = loader.from_workdir(workdir)
+    self.model = loading.load_part_masks(workdir)
     self.num_parts = int(self.model.num_parts)
     self.part_names = tuple(part_names) or tuple(f"P{k}" for k in range(self.num_parts))
     self.image_mean, self.image_std = tuple(image_mean), tuple(image_std)

@@ -58,7 +58,7 @@ AFFINE_RANGES = {"max_degrees": 90.0, "max_translate": 0.11, "scale_range": (0.8
 def random_affine_warp(images: jnp.ndarray, rng: jax.Array) -> jnp.ndarray:
   """images [B, H, W, C], each moved by its own random similarity (AFFINE_RANGES); what comes
   from outside the frame reads 0 (the normalized mean colour)."""
-  from metonymy import geometry
+  from metonymy.training import geometry
   keys = jax.random.split(rng, images.shape[0])
   transforms = jax.vmap(lambda key: geometry.sample_affine(key, **AFFINE_RANGES))(keys)
   return jax.vmap(lambda image, t: geometry.warp_images(image[None], t)[0])(images, transforms)

@@ -1,4 +1,4 @@
 """The trainer's parts: sharding, optimizer, checkpoints, metric writers, periodic evaluation.
 
-The loop itself is `metonymy/train.py` (job "train").
+The loop itself is `metonymy/training/trainer.py` (job "train").
 """

@@ -4,9 +4,9 @@
 
 Groups are named by the model's `param_groups(params)`; config.optimizer.learning_rates gives
 each group's base rate at `base_batch_size` (64), scaled to the actual batch size by the square
-root rule: lr = base * sqrt(batch / 64) (at 256 the Stage-2 backbone's 2e-6 becomes 4e-6). The
-group "frozen" gets no update and no state. Parameters outside the trainable tree (the frozen
-Stage-1 backbone) never reach the optimizer at all.
+root rule: lr = base * sqrt(batch / 64) (at 256 the Stage-2 backbone's 2e-6 becomes 4e-6).
+Freezing has one form: frozen parameters (Stage 1's backbone) stay outside the trainable tree,
+so they never reach the optimizer.
 
 Weight decay is the paper's "normalized weight decay 0.05" (Loshchilov & Hutter), computed as
 PDiscoFormer's code does: wd = weight_decay * sqrt(1 / (iterations_per_epoch * epochs)), where
@@ -31,7 +31,6 @@ import optax
 # `no_weight_decay()` set (cls_token, reg_token, pos_embed).
 NO_DECAY_NAMES = frozenset({"prototypes", "cls_token", "register_tokens", "pos_embed"})
 
-FROZEN = "frozen"
 SCALING = ("sqrt", "linear", "none")
 
 
@@ -105,16 +104,13 @@ def make(opt_config, labels, total_steps: int,
   """
   used = sorted(set(jax.tree_util.tree_leaves(labels)))
   rates = dict(opt_config.learning_rates)
-  missing = [g for g in used if g != FROZEN and g not in rates]
+  missing = [g for g in used if g not in rates]
   if missing:
     raise ValueError(f"config.optimizer.learning_rates has no entry for parameter group(s) "
                      f"{missing}; it has {sorted(rates)}.")
   weight_decay = effective_weight_decay(opt_config, total_steps)
   schedules, transforms = {}, {}
   for group in used:
-    if group == FROZEN:
-      transforms[group] = optax.set_to_zero()
-      continue
     peak = scaled_rate(rates[group], batch_size, opt_config.base_batch_size, opt_config.lr_scaling)
     schedules[group] = schedule(peak, total_steps, opt_config.warmup_steps, opt_config.schedule)
     transforms[group] = optax.adamw(schedules[group], b1=opt_config.b1, b2=opt_config.b2,

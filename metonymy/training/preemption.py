@@ -19,7 +19,7 @@ step s + 1, and saves at s + 1. A signal that reaches one process saves the same
 
 Signals during the save (SLURM repeats them; an impatient user) only set the flag again: nothing
 is interrupted, and the save either completes or, under SIGKILL, is never finalized, leaving the
-previous checkpoint as the newest (checkpointing.py). The handlers replace the defaults while the
+previous checkpoint as the newest (run_state.py). The handlers replace the defaults while the
 training loop runs; a preempted run leaves the two signals ignored, as it is on its way out.
 
 Time-based checkpoints (`config.trainer.checkpoint_every_minutes`, 0 = off) bound the work a hard

@@ -14,8 +14,8 @@ from typing import Any, Dict, Tuple
 import jax
 import jax.numpy as jnp
 
-from metonymy import geometry
-from metonymy import losses
+from metonymy.training import geometry
+from metonymy.training import losses
 
 WEIGHT_KEYS = ("attribute", "orthogonality", "total_variation", "equivariance",
                "foreground_presence", "background_presence", "entropy")

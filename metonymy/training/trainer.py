@@ -32,7 +32,6 @@ evaluation rewrites with its numbers.
 """
 
 import functools
-import importlib
 import json
 import os
 from typing import Any, Dict
@@ -46,15 +45,16 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from metonymy import objective
+from metonymy import loading
 from metonymy.checkpoints import store
 from metonymy.data import pipeline
 from metonymy.models import vit
-from metonymy.training import checkpointing
 from metonymy.training import evaluate
 from metonymy.training import inputs
+from metonymy.training import objective
 from metonymy.training import optimizer
 from metonymy.training import preemption
+from metonymy.training import run_state
 from metonymy.training import sharding
 from metonymy.training import writers
 
@@ -97,13 +97,12 @@ def _load_model(config, workdir: str, num_attributes: int):
         f"config.backbone.checkpoint={config.backbone.checkpoint!r} does not exist. Convert a "
         f"checkpoint with `python -m metonymy.checkpoints convert --input FILE --output DIR` and "
         f"pass --config.backbone.checkpoint=DIR (or set it to '' for a random-init backbone).")
-  module = importlib.import_module(f"metonymy.models.{config.model.name}")
-  saved = os.path.join(workdir, checkpointing.BACKBONE_DIR)
+  saved = os.path.join(workdir, run_state.BACKBONE_DIR)
   exists = store.is_converted(saved)
   if jax.process_count() > 1:  # One decision for all: saving and loading are collective.
     exists = bool(multihost_utils.broadcast_one_to_all(np.asarray(exists)))
   if config.backbone.checkpoint or not exists:
-    model, frozen = module.build(config, num_attributes)
+    model, frozen = loading.build_model(config, num_attributes)
     if not config.backbone.checkpoint:  # Every process: Orbax saves collectively.
       store.save_converted(saved, model.backbone.config, frozen,
                            source=f"random init of {config.backbone.preset}, seed {config.seed}")
@@ -111,18 +110,18 @@ def _load_model(config, workdir: str, num_attributes: int):
   # Resuming a random-init run: the saved backbone, not a re-draw (immune to RNG changes).
   config = ml_collections.ConfigDict(config.to_dict())
   config.backbone.checkpoint = saved
-  return module.build(config, num_attributes)
+  return loading.build_model(config, num_attributes)
 
 
 def _write_model_file(config, workdir: str, info) -> None:
-  """What models/<name>.PartMasks.from_workdir needs to rebuild the model without the data."""
+  """What loading.load_part_masks needs to rebuild the model without the data."""
   if jax.process_index() != 0:
     return
   meta = {"model": config.model.to_dict(), "backbone": config.backbone.to_dict(),
           "seed": config.seed, "image_size": config.data.image_size,
           "dataset": config.data.dataset, "num_attributes": info.num_attributes,
           "attribute_names": list(info.attribute_names), "part_names": list(info.part_names)}
-  with open(os.path.join(workdir, checkpointing.MODEL_FILE), "w") as f:
+  with open(os.path.join(workdir, run_state.MODEL_FILE), "w") as f:
     json.dump(meta, f, indent=2)
 
 
@@ -142,7 +141,7 @@ def _finite_or_raise(step: int, metrics, mngr, writer, learning_rates) -> Dict[s
   writer.write_scalars(step, values)
   mngr.wait_until_finished()
   last = mngr.latest_step()
-  where = (f"the last good checkpoint is step {last} in {checkpointing.directory(writer.workdir)}, "
+  where = (f"the last good checkpoint is step {last} in {run_state.directory(writer.workdir)}, "
            f"which a rerun resumes from" if last is not None
            else "no checkpoint was saved before it")
   bad = {k: v for k, v in values.items() if not np.isfinite(v)}
@@ -225,7 +224,7 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
     metrics = dict(metrics, loss=loss, grad_norm=_global_norm(grads),
                    param_norm=_global_norm(params),
                    # What a checkpoint would save: checked on the host before any save.
-                   state_finite=checkpointing.all_finite((params, opt_state)).astype(jnp.float32))
+                   state_finite=run_state.all_finite((params, opt_state)).astype(jnp.float32))
     return (state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics,
             preemption.Watch.agree(wishes))  # Every process's stop / save wishes, or-ed.
 
@@ -241,7 +240,7 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
                       out_shardings=replicated)
 
   # Resume or start.
-  mngr = checkpointing.manager(workdir, config.trainer.keep_checkpoints)
+  mngr = run_state.manager(workdir, config.trainer.keep_checkpoints)
   writer = writers.MetricWriter(workdir, enabled=jax.process_index() == 0)
   finite_or_raise = functools.partial(_finite_or_raise, mngr=mngr, writer=writer,
                                       learning_rates=config.optimizer.learning_rates.to_dict())
@@ -250,12 +249,12 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
   if mngr.latest_step() is not None:
     target = jax.tree_util.tree_map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, state_sh)
-    state, latest, refused = checkpointing.restore_newest_finite(mngr, target, train_iter)
+    state, latest, refused = run_state.restore_newest_finite(mngr, target, train_iter)
     for bad_step, reason in refused:
-      moved = os.path.join(workdir, checkpointing.REFUSED_DIR, str(bad_step))
+      moved = os.path.join(workdir, run_state.REFUSED_DIR, str(bad_step))
       writers.console(f"Warning: refused checkpoint step {bad_step}: {reason}; moved to {moved}.")
     if state is not None:
-      writers.console(f"Resumed from step {latest} ({checkpointing.directory(workdir)}).")
+      writers.console(f"Resumed from step {latest} ({run_state.directory(workdir)}).")
     else:  # Every checkpoint was refused: start afresh, from a rewound data iterator.
       train_iter = iter(train_ds)
   if state is None:
@@ -337,7 +336,7 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
                           f"{values['train/part_share/max']:.2f} | {rate}")
         if step % checkpoint_every == 0 or last or stop or timed:
           finite_or_raise(step, metrics)
-          checkpointing.save(mngr, state, train_iter)
+          run_state.save(mngr, state, train_iter)
           watch.saved(step)
         if stop and not last:  # A finished run just ends; an unfinished one asks for a requeue.
           watch.exit_after_save(step, mngr)

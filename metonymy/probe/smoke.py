@@ -8,12 +8,12 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
-from metonymy import config_lib
 from metonymy import distributed
+from metonymy import loading
 
 
 def run(config, workdir: str):
-  model, params, vit_config = config_lib.build_backbone(config.backbone, config.seed)
+  model, params, vit_config = loading.build_backbone(config.backbone, config.seed)
   size = vit_config.image_size
   grid = (size // vit_config.patch_size,) * 2
   rng_images, rng_parts, rng_noise = jax.random.split(jax.random.PRNGKey(config.seed), 3)

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from metonymy import geometry
+from metonymy.training import geometry
 
 # Smallest probability fed to a log: keeps the gradient finite where a softmax underflows to 0.
 _TINY = 1e-12

@@ -37,7 +37,7 @@ import orbax.checkpoint as ocp
 
 CHECKPOINT_DIR = "checkpoints"
 # Written by the trainer at the start of a run: what a model's loader (e.g.
-# models/stage1.PartMasks.from_workdir) needs to rebuild the model without the dataset.
+# loading.load_part_masks) needs to rebuild the model without the dataset.
 MODEL_FILE = "model.json"
 # A random-init frozen backbone is saved here (converted-checkpoint layout), so resuming and
 # loading never re-draw it.
