@@ -125,11 +125,6 @@ def _write_model_file(config, workdir: str, info) -> None:
     json.dump(meta, f, indent=2)
 
 
-def _global_norm(tree) -> jax.Array:
-  """sqrt of the sum of squares of every leaf (a NaN or Inf anywhere makes it non-finite)."""
-  return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(tree)))
-
-
 def _finite_or_raise(step: int, metrics, mngr, writer, learning_rates) -> Dict[str, float]:
   """Host copy of a step's metrics (without `state_finite`); raises NonFiniteError if the loss,
   the grad norm or the updated parameters / optimizer state are not finite. The message says
@@ -221,8 +216,8 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
         model, state.params, frozen, batch, rng, config.loss)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = dict(metrics, loss=loss, grad_norm=_global_norm(grads),
-                   param_norm=_global_norm(params),
+    metrics = dict(metrics, loss=loss, grad_norm=optax.tree_utils.tree_norm(grads),
+                   param_norm=optax.tree_utils.tree_norm(params),
                    # What a checkpoint would save: checked on the host before any save.
                    state_finite=run_state.all_finite((params, opt_state)).astype(jnp.float32))
     return (state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics,
