@@ -1,12 +1,32 @@
-"""Two-stage part discovery on celeba with straight-through masks: hard forward, soft gradient (zero leakage, trainable end to end).
+"""Two-stage part discovery on CelebA with straight-through masks:
+hard forward, soft gradient (zero leakage, trainable end to end).
 
   python -m metonymy.main --config=configs/celeba_ste.py[:runlocal] --workdir=DIR
 
-Everything but the model comes from configs/celeba_single.py (same data, K, losses, schedule).
+Data, K, losses, optimizer and schedule are configs/celeba_single.py's; only `model`
+differs (tests/test_configs.py checks it). `runlocal`: the CPU smoke run.
 """
+
+import ml_collections
 
 from metonymy import config_lib
 
 
-def get_config(arg: str = ""):
-  return config_lib.two_stage(config_lib.load_sibling_config(__file__, "celeba_single", arg), "ste")
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+  arg = config_lib.parse_arg(arg, runlocal=False)
+  image_size = 224
+  config = ml_collections.ConfigDict()
+  config.job = "train"
+  config.seed = 0
+  config.backbone = config_lib.backbone("vit_b16_dinov3", checkpoint="converted/dinov3_vitb16",
+                                        image_size=image_size)
+  config.data = config_lib.train_data("celeba", image_size=image_size, train_split="train",
+                                      eval_split="val")
+  config.model = config_lib.two_stage_model(num_parts=8, mask="ste")
+  config.loss = config_lib.part_losses()
+  config.optimizer = config_lib.part_optimizer()
+  config.trainer = config_lib.trainer(num_epochs=30)
+  config.mesh = config_lib.mesh()
+  if arg.runlocal:
+    config_lib.shrink_for_cpu(config)
+  return config

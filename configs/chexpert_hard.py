@@ -1,4 +1,5 @@
-"""Two-stage part discovery on chexpert with hard masks: argmax block-diagonal cliques (zero leakage).
+"""Two-stage part discovery on CheXpert with hard masks:
+argmax block-diagonal cliques (zero leakage).
 
   python -m metonymy.main --config=configs/chexpert_hard.py[:runlocal] --workdir=DIR
 
@@ -7,11 +8,31 @@ Stage 1 gets Stage 2's gradient through the selected patches only (model.stage2.
 improves part discovery over single-stage, which needs that gradient). The main text's reading,
 no gradient to Stage 1: --config.model.stage2.hard_gradient=none.
 
-Everything but the model comes from configs/chexpert_single.py (same data, K, losses, schedule).
+Data, K, losses, optimizer and schedule are configs/chexpert_single.py's; only `model`
+differs (tests/test_configs.py checks it). `runlocal`: the CPU smoke run.
 """
+
+import ml_collections
 
 from metonymy import config_lib
 
 
-def get_config(arg: str = ""):
-  return config_lib.two_stage(config_lib.load_sibling_config(__file__, "chexpert_single", arg), "hard")
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+  arg = config_lib.parse_arg(arg, runlocal=False)
+  image_size = 224
+  config = ml_collections.ConfigDict()
+  config.job = "train"
+  config.seed = 0
+  config.backbone = config_lib.backbone("vit_b14_reg4", checkpoint="converted/rad_dino",
+                                        image_size=image_size, family="rad_dino")
+  config.data = config_lib.train_data(
+      "chexpert", image_size=image_size, train_split="train", eval_split="valid",
+      options={"uncertainty": "ignore", "frontal_only": False, "masks": False})
+  config.model = config_lib.two_stage_model(num_parts=8, mask="hard")
+  config.loss = config_lib.part_losses()
+  config.optimizer = config_lib.part_optimizer()
+  config.trainer = config_lib.trainer(num_epochs=30)
+  config.mesh = config_lib.mesh()
+  if arg.runlocal:
+    config_lib.shrink_for_cpu(config)
+  return config

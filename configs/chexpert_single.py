@@ -11,16 +11,27 @@ radiologist-labelled `valid` split (mAP/AUROC; CheXpert has no keypoints, so no 
 config.data.root).
 """
 
+import ml_collections
+
 from metonymy import config_lib
 
 
-def get_config(arg: str = ""):
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+  arg = config_lib.parse_arg(arg, runlocal=False)
   image_size = 224
-  config = config_lib.part_discovery(
-      config_lib.backbone("vit_b14_reg4", checkpoint="converted/rad_dino", image_size=image_size,
-                          family="rad_dino"),
-      config_lib.train_data("chexpert", image_size=image_size, train_split="train",
-                            eval_split="valid", options={"uncertainty": "ignore",
-                                                         "frontal_only": False, "masks": False}),
-      num_parts=8)
-  return config_lib.with_run_size(config, arg)
+  config = ml_collections.ConfigDict()
+  config.job = "train"
+  config.seed = 0
+  config.backbone = config_lib.backbone("vit_b14_reg4", checkpoint="converted/rad_dino",
+                                        image_size=image_size, family="rad_dino")
+  config.data = config_lib.train_data(
+      "chexpert", image_size=image_size, train_split="train", eval_split="valid",
+      options={"uncertainty": "ignore", "frontal_only": False, "masks": False})
+  config.model = config_lib.stage1_model(num_parts=8)
+  config.loss = config_lib.part_losses()
+  config.optimizer = config_lib.part_optimizer()
+  config.trainer = config_lib.trainer(num_epochs=30)
+  config.mesh = config_lib.mesh()
+  if arg.runlocal:
+    config_lib.shrink_for_cpu(config)
+  return config

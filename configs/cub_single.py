@@ -9,15 +9,26 @@ rounded to DINOv3's 16-px patches (32 x 32). `runlocal` shrinks the model and ru
 smoke run (it still reads CUB from config.data.root).
 """
 
+import ml_collections
+
 from metonymy import config_lib
 
 
-def get_config(arg: str = ""):
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+  arg = config_lib.parse_arg(arg, runlocal=False)
   image_size = 512
-  config = config_lib.part_discovery(
-      config_lib.backbone("vit_b16_dinov3", checkpoint="converted/dinov3_vitb16",
-                          image_size=image_size),
-      config_lib.train_data("cub", image_size=image_size, train_split="train", eval_split="test",
-                            options={"ignore_not_visible": False}),
-      num_parts=7)
-  return config_lib.with_run_size(config, arg)
+  config = ml_collections.ConfigDict()
+  config.job = "train"
+  config.seed = 0
+  config.backbone = config_lib.backbone("vit_b16_dinov3", checkpoint="converted/dinov3_vitb16",
+                                        image_size=image_size)
+  config.data = config_lib.train_data("cub", image_size=image_size, train_split="train",
+                                      eval_split="test", options={"ignore_not_visible": False})
+  config.model = config_lib.stage1_model(num_parts=7)
+  config.loss = config_lib.part_losses()
+  config.optimizer = config_lib.part_optimizer()
+  config.trainer = config_lib.trainer(num_epochs=30)
+  config.mesh = config_lib.mesh()
+  if arg.runlocal:
+    config_lib.shrink_for_cpu(config)
+  return config

@@ -6,7 +6,7 @@ cores (README's first command).
       --config.readme=README.md          # also rewrites README's results block
   python -m metonymy.main --config=configs/demo.py:tiny --workdir=/tmp/demo_tiny   # seconds
 
-Steps (metonymy/demo.py), on the world with cross-part correlation 0, so any power of part j's
+Steps (metonymy/demo/story.py), on the world with cross-part correlation 0, so any power of part j's
 feature to predict part k's attributes is leakage:
   1. the stand-in for DINO: a tiny ViT (patch 4, width 64, depth 4; depth 2 for `tiny`)
      pretrained to predict every attribute from its CLS token and from one attention read-out
@@ -24,23 +24,23 @@ feature to predict part k's attributes is leakage:
 
 Every block is a full sub-config, so any key can be overridden, e.g.
 --config.single.trainer.num_steps=400 or --config.benchmark.evaluation.bootstrap=0.
-arg: "" (the demo), "tiny" (a smoke run for tests, well under a minute of compute), "stand_in"
-(step 1 alone: pretrain the stand-in anew and write it where the demo finds it,
-metonymy/assets/demo_stand_in_world<seed>.{npz,json}; this is the command that made the shipped
-files, one per world seed: add --config.world.seed=N).
+arg (flags): none for the demo; `tiny`, a smoke run for tests (well under a minute of compute);
+`stand_in`, step 1 alone: pretrain the stand-in anew and write it where the demo finds it,
+metonymy/assets/demo_stand_in_world<seed>.{npz,json} (the command that made the shipped files,
+one per world seed: add --config.world.seed=N).
 """
 
 import ml_collections
 
 from metonymy import config_lib
 
-# arg -> image size, (train, val, test) world examples, pretraining steps, training steps of
+# "full" (the demo) or "tiny" (arg `tiny`) -> image size, (train, val, test) world examples, pretraining steps, training steps of
 #   the single-stage and the two-stage model (two-stage steps cost ~6x more: K+1 isolated
 #   streams and a trainable ViT), training batch, evaluation examples, bootstrap resamples,
 #   causal-leakage images. The default fits 10 minutes on 2 shared CPU cores with margin
 #   (README gives the measured time).
 SIZES = {
-    "": dict(image_size=48, depth=4, splits=(8000, 500, 1000), pretrain_steps=3000,
+    "full": dict(image_size=48, depth=4, splits=(8000, 500, 1000), pretrain_steps=3000,
              probe_train=2000, single_steps=1000, two_stage_steps=1000, train_batch=16,
              eval_examples=256, bootstrap=100, leakage_images=128),
     "tiny": dict(image_size=32, depth=2, splits=(96, 48, 64), pretrain_steps=10, probe_train=0,
@@ -68,17 +68,22 @@ def benchmark_config(size: dict, correlation: float = 0.0) -> ml_collections.Con
   """The probe job of step 2: one seed, ground-truth masks; backbone.checkpoint is set by the
   demo to the backbone it pretrained (or given on the command line)."""
   image_size, splits = size["image_size"], size["splits"]
-  config = config_lib.probe_job(
-      config_lib.probe_data("synthetic", val="val", max_train=size["probe_train"],
-                            options=world(image_size, splits, correlation)),
-      config_lib.part_masks("ground_truth"), seeds=(0,))
+  config = ml_collections.ConfigDict()
+  config.job = "probe"
+  config.seeds = (0,)
+  config.allow_random_backbone = False
   config.backbone = config_lib.backbone(checkpoint="", image_size=image_size)
   config.backbone_name = "demo-vit"
-  config.features.batch_size = 64
-  config.features.chunk_size = 256
-  config.evaluation.bootstrap = size["bootstrap"]
-  config.evaluation.leakage_images = size["leakage_images"]
-  config.report.title = f"synthetic parts world, correlation {correlation:g}, the demo's tiny ViT"
+  config.data = config_lib.probe_data("synthetic", val="val", max_train=size["probe_train"],
+                                      options=world(image_size, splits, correlation))
+  config.masks = config_lib.part_masks("ground_truth")
+  config.backbone_pretraining = config_lib.backbone_pretraining()
+  config.features = config_lib.part_features(batch_size=64, chunk_size=256)
+  config.probe = config_lib.linear_probe()
+  config.evaluation = config_lib.probe_evaluation(bootstrap=size["bootstrap"],
+                                                  leakage_images=size["leakage_images"])
+  config.report = ml_collections.ConfigDict({
+      "title": f"synthetic parts world, correlation {correlation:g}, the demo's tiny ViT"})
   return config
 
 
@@ -105,10 +110,8 @@ def training_config(config_file: str, name: str, size: dict, steps: int,
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-  if arg not in SIZES and arg != "stand_in":
-    raise ValueError(f"configs/demo.py: unknown arg {arg!r}; use one of "
-                     f"{sorted(SIZES) + ['stand_in']}")
-  size = SIZES["" if arg == "stand_in" else arg]
+  arg = config_lib.parse_arg(arg, tiny=False, stand_in=False)
+  size = SIZES["tiny" if arg.tiny else "full"]
   image_size = size["image_size"]
   config = ml_collections.ConfigDict()
   config.job = "demo"
@@ -124,13 +127,13 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       size["pretrain_steps"], batch_size=32, images=size["splits"][0])
   # Use the stand-in shipped in metonymy/assets/ when it was made by exactly this recipe (arch,
   # seed, pretraining, world); otherwise (or with False) pretrain it here.
-  config.backbone_pretraining.shipped = arg == ""
+  config.backbone_pretraining.shipped = not (arg.tiny or arg.stand_in)
   # mode "stand_in" writes the pretrained stand-in to this path prefix (.npz + .json).
   config.stand_in_output = ""
   config.benchmark = benchmark_config(size)
   config.single = training_config(__file__, "synthetic_single", size, size["single_steps"])
   config.two_stage = training_config(__file__, "synthetic_ste", size, size["two_stage_steps"])
-  if arg == "stand_in":  # Step 1 alone, pretraining anew: how metonymy/assets/ was made.
+  if arg.stand_in:  # Step 1 alone, pretraining anew: how metonymy/assets/ was made.
     config.mode = "stand_in"
     config.stand_in_output = "metonymy/assets/demo_stand_in_world{seed}"
   return config

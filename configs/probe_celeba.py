@@ -10,6 +10,7 @@ in 8 groups; only eye, nose and mouth have landmarks, so K_g^+ of the other five
 set by inspecting the part overlays (evaluation.manual_assignment; the ids above are an example
 only). Groups without an assignment are left out of PS and listed in the report. Subsets keep the
 run affordable (0 = the whole split).
+arg: `preset=NAME`, the architecture built when no checkpoint is given (tests only).
 """
 
 import ml_collections
@@ -17,11 +18,21 @@ import ml_collections
 from metonymy import config_lib
 
 
-def get_config(arg: str = "vit_b16") -> ml_collections.ConfigDict:
-  config = config_lib.probe_job(
-      config_lib.probe_data("celeba", train="train", val="val", test="test", image_size=224,
-                            max_train=20000, max_val=5000, max_test=10000, read_threads=4),
-      config_lib.part_masks("file", num_parts=8), seeds=(0,))
-  config.backbone = config_lib.backbone(preset=arg or "vit_b16", image_size=224)
-  config.backbone_name = ""
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+  arg = config_lib.parse_arg(arg, preset="vit_b16")
+  config = ml_collections.ConfigDict()
+  config.job = "probe"
+  config.seeds = (0,)
+  config.allow_random_backbone = False  # Real data: a checkpoint must be given.
+  config.backbone = config_lib.backbone(preset=arg.preset, image_size=224)
+  config.backbone_name = ""  # Default: the checkpoint's folder name.
+  config.data = config_lib.probe_data(
+      "celeba", train="train", val="val", test="test", image_size=224, max_train=20000,
+      max_val=5000, max_test=10000, read_threads=4)
+  config.masks = config_lib.part_masks("file", num_parts=8)
+  config.backbone_pretraining = config_lib.backbone_pretraining()
+  config.features = config_lib.part_features()
+  config.probe = config_lib.linear_probe()
+  config.evaluation = config_lib.probe_evaluation()
+  config.report = ml_collections.ConfigDict({"title": ""})
   return config

@@ -9,6 +9,7 @@ Probes train on a subset of the train split, choose weight decay on `valid` and 
 CheXlocalize's `test` split, whose radiologist masks give MPPO (eq. 2): for each of the 10 tasks,
 how often the part with the largest logit overlaps the task's ground-truth mask. PS needs keypoint
 groups and is not defined here. Uncertain labels (-1) are ignored (attribute_valid False).
+arg: `preset=NAME`, the architecture built when no checkpoint is given (tests only).
 """
 
 import ml_collections
@@ -16,12 +17,21 @@ import ml_collections
 from metonymy import config_lib
 
 
-def get_config(arg: str = "vit_b14_reg4") -> ml_collections.ConfigDict:
-  config = config_lib.probe_job(
-      config_lib.probe_data("chexpert", train="train", val="valid", test="test", image_size=224,
-                            max_train=20000, read_threads=4,
-                            options={"uncertainty": "ignore", "frontal_only": True}),
-      config_lib.part_masks("file", num_parts=8), seeds=(0,))
-  config.backbone = config_lib.backbone(preset=arg or "vit_b14_reg4", image_size=224)
-  config.backbone_name = ""
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+  arg = config_lib.parse_arg(arg, preset="vit_b14_reg4")
+  config = ml_collections.ConfigDict()
+  config.job = "probe"
+  config.seeds = (0,)
+  config.allow_random_backbone = False  # Real data: a checkpoint must be given.
+  config.backbone = config_lib.backbone(preset=arg.preset, image_size=224)
+  config.backbone_name = ""  # Default: the checkpoint's folder name.
+  config.data = config_lib.probe_data(
+      "chexpert", train="train", val="valid", test="test", image_size=224, max_train=20000,
+      read_threads=4, options={"uncertainty": "ignore", "frontal_only": True})
+  config.masks = config_lib.part_masks("file", num_parts=8)
+  config.backbone_pretraining = config_lib.backbone_pretraining()
+  config.features = config_lib.part_features()
+  config.probe = config_lib.linear_probe()
+  config.evaluation = config_lib.probe_evaluation()
+  config.report = ml_collections.ConfigDict({"title": ""})
   return config

@@ -12,7 +12,7 @@ Part masks: K discovered parts saved by a part-discovery model (e.g. PDiscoForme
 --config.masks.num_parts=K to have a file with another K refused (probe/masks.py FileMasks).
 CUB has no val split: 20% of train is held out (by seed) to choose weight decay. The 248
 attributes of Table S9 in 7 groups; K_g^+ from the contingency with the 7 merged keypoint groups.
-arg: the backbone preset used to build an architecture when no checkpoint is given (tests only).
+arg: `preset=NAME`, the architecture built when no checkpoint is given (tests only).
 """
 
 import ml_collections
@@ -20,11 +20,20 @@ import ml_collections
 from metonymy import config_lib
 
 
-def get_config(arg: str = "vit_b14_reg4") -> ml_collections.ConfigDict:
-  config = config_lib.probe_job(
-      config_lib.probe_data("cub", train="train", val="", test="test", image_size=224,
-                            read_threads=4),
-      config_lib.part_masks("file", num_parts=0), seeds=(0,))
-  config.backbone = config_lib.backbone(preset=arg or "vit_b14_reg4", image_size=224)
-  config.backbone_name = ""  # default: the checkpoint's folder name
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+  arg = config_lib.parse_arg(arg, preset="vit_b14_reg4")
+  config = ml_collections.ConfigDict()
+  config.job = "probe"
+  config.seeds = (0,)
+  config.allow_random_backbone = False  # Real data: a checkpoint must be given.
+  config.backbone = config_lib.backbone(preset=arg.preset, image_size=224)
+  config.backbone_name = ""  # Default: the checkpoint's folder name.
+  config.data = config_lib.probe_data("cub", train="train", val="", test="test", image_size=224,
+                                      read_threads=4)
+  config.masks = config_lib.part_masks("file", num_parts=0)
+  config.backbone_pretraining = config_lib.backbone_pretraining()
+  config.features = config_lib.part_features()
+  config.probe = config_lib.linear_probe()
+  config.evaluation = config_lib.probe_evaluation()
+  config.report = ml_collections.ConfigDict({"title": ""})
   return config

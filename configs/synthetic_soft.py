@@ -1,12 +1,36 @@
-"""Two-stage part discovery on synthetic with soft masks: Stage-1 probabilities as log attention biases (differentiable, leaks).
+"""Two-stage part discovery on the synthetic parts world with soft masks:
+Stage-1 probabilities as log attention biases (differentiable, leaks).
 
   python -m metonymy.main --config=configs/synthetic_soft.py[:runlocal] --workdir=DIR
 
-Everything but the model comes from configs/synthetic_single.py (same data, K, losses, schedule).
+Data, K, losses, optimizer and schedule are configs/synthetic_single.py's; only `model`
+differs (tests/test_configs.py checks it). `runlocal`: the CPU smoke run.
 """
+
+import ml_collections
 
 from metonymy import config_lib
 
 
-def get_config(arg: str = ""):
-  return config_lib.two_stage(config_lib.load_sibling_config(__file__, "synthetic_single", arg), "soft")
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+  arg = config_lib.parse_arg(arg, runlocal=False)
+  image_size = 224
+  config = ml_collections.ConfigDict()
+  config.job = "train"
+  config.seed = 0
+  config.backbone = config_lib.backbone("vit_b16_dinov3", checkpoint="converted/dinov3_vitb16",
+                                        image_size=image_size)
+  config.data = config_lib.train_data("synthetic", image_size=image_size, train_split="train",
+                                      eval_split="val",
+                                      options={"image_size": image_size, "correlation": 0.8})
+  config.model = config_lib.two_stage_model(num_parts=5, mask="soft")
+  config.loss = config_lib.part_losses()
+  config.optimizer = config_lib.part_optimizer()
+  config.trainer = config_lib.trainer(num_epochs=30)
+  config.mesh = config_lib.mesh()
+  if arg.runlocal:
+    config_lib.shrink_for_cpu(config)
+    # The world renders at the model's (shrunk) resolution, with few examples.
+    config.data.options.image_size = config.data.image_size
+    config.data.options.splits = (("train", 64), ("val", 16))
+  return config

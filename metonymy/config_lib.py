@@ -1,6 +1,66 @@
-"""Shared pieces that the files in configs/ compose. One definition each, no copies."""
+"""The helpers that configs/*.py call, and the one loader of a config file.
+
+A config file is `configs/<name>.py` with `get_config(arg: str = "")` returning a ConfigDict.
+`arg` is what follows `:` in `--config=configs/<name>.py:<arg>`: comma-separated `key=value`
+pairs or bare flags (a bare `key` means `key=True`), e.g. `runlocal`, `tiny`, `dataset=cub`,
+`preset=vit_b16`, `runlocal,mask=ste`. Every file reads it with `parse_arg(arg, **defaults)`,
+which names the keys it accepts and refuses any other; its docstring lists them.
+
+Each helper below returns one block of a config (backbone, data, model, loss, optimizer, ...)
+with its values on the page, so a config file shows every block of its run as one call each.
+Nothing here imports JAX or Flax: a config loads without an accelerator stack.
+"""
+
+import importlib.util
+import os
 
 import ml_collections
+
+
+def parse_arg(arg: str = "", **defaults) -> ml_collections.ConfigDict:
+  """`arg` ("runlocal,preset=vit_b16") over `defaults` (runlocal=False, preset="vit_b14_reg4").
+
+  A bare key sets a bool default to True; `key=value` takes the type of the key's default
+  (bool: true/false/1/0). A key without a default is refused, naming the accepted ones.
+  """
+  parsed = ml_collections.ConfigDict(defaults)
+  for item in filter(None, (part.strip() for part in (arg or "").split(","))):
+    key, has_value, value = item.partition("=")
+    key = key.strip()
+    if key not in defaults:
+      raise ValueError(f"Unknown config argument {key!r} in {arg!r}; this config accepts "
+                       f"{sorted(defaults) or 'no argument'}.")
+    default = defaults[key]
+    if not has_value:
+      if not isinstance(default, bool):
+        raise ValueError(f"Config argument {key!r} needs a value: {key}=...")
+      parsed[key] = True
+    elif isinstance(default, bool):
+      if value.strip().lower() not in ("true", "false", "1", "0"):
+        raise ValueError(f"Config argument {key}={value!r}: expected true or false.")
+      parsed[key] = value.strip().lower() in ("true", "1")
+    else:
+      parsed[key] = value.strip() if default is None else type(default)(value.strip())
+  return parsed
+
+
+def load_config(path: str, arg: str = "") -> ml_collections.ConfigDict:
+  """`get_config(arg)` of the config file at `path`: the one loader of config files (main.py's
+  override check and --print_config, configs that build on another file, tests)."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"Config file not found: {path}")
+  name = os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(f"metonymy_config_{name}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+def load_sibling_config(config_file: str, name: str, arg: str = "") -> ml_collections.ConfigDict:
+  """`load_config` of configs/<name>.py, in the folder of `config_file` (`__file__` in a config):
+  builds a config on another without making configs/ an importable package."""
+  return load_config(os.path.join(os.path.dirname(os.path.abspath(config_file)), name + ".py"),
+                     arg)
 
 
 def backbone(preset: str = "vit_b16", checkpoint: str = "", image_size: int = 0,
@@ -145,24 +205,6 @@ def backbone_pretraining(steps: int = 0, *, batch_size: int = 32, learning_rate:
                                     "images": images, "loss": loss, "augment": augment})
 
 
-def probe_job(data: ml_collections.ConfigDict, masks: ml_collections.ConfigDict,
-              seeds=(0,)) -> ml_collections.ConfigDict:
-  """The probe job around a data and a masks block; add `backbone` (one) or `backbones`
-  ({name: backbone()}, a suite) before returning it from get_config."""
-  config = ml_collections.ConfigDict()
-  config.job = "probe"
-  config.seeds = tuple(seeds)
-  config.allow_random_backbone = False  # real-data configs must be given a checkpoint
-  config.data = data
-  config.masks = masks
-  config.backbone_pretraining = backbone_pretraining()
-  config.features = part_features()
-  config.probe = linear_probe()
-  config.evaluation = probe_evaluation()
-  config.report = ml_collections.ConfigDict({"title": ""})
-  return config
-
-
 # ------------------------------------------------------------------------------------------------
 # Part-discovery training (job "train"): model, losses, optimizer, data, trainer, mesh.
 
@@ -291,16 +333,13 @@ def shrink_for_cpu(config: ml_collections.ConfigDict, image_size: int = 32,
   return config
 
 
-# ------------------------------------------------------------------------------------------------
-# Two-stage part discovery (models/two_stage.py): a single-stage config plus Stage 2.
-
-
-def two_stage(config: ml_collections.ConfigDict, mask: str, feature: str = "cls",
-              ste_scope: str = "layer",
-              hard_gradient: str = "selected") -> ml_collections.ConfigDict:
-  """Turns a single-stage training config into the two-stage model with `mask` in
-  {"soft", "hard", "ste"} (paper §4.0.2). Stage 2's ViT starts from the backbone's weights and
-  trains at the optimizer's "backbone" rate (2e-6 at batch 64); the loss is eq. 9 unchanged.
+def two_stage_model(num_parts: int, mask: str, *, temperature: float = 1.0,
+                    feature: str = "cls", ste_scope: str = "layer",
+                    hard_gradient: str = "selected") -> ml_collections.ConfigDict:
+  """The two-stage model (models/two_stage.py): Stage 1 as in `stage1_model`, then Stage 2, a
+  ViT that starts from the backbone's weights, trains at the optimizer's "backbone" rate and
+  sees each part through `mask` in {"soft", "hard", "ste"} (paper §4.0.2); the loss is eq. 9
+  unchanged.
 
   hard_gradient (hard masks only; models/two_stage.py Stage2): "selected", the default, is
   Appendix F's reading: in training every layer weights a patch in its part's clique by
@@ -309,59 +348,26 @@ def two_stage(config: ml_collections.ConfigDict, mask: str, feature: str = "cls"
   not grow it. It is the default because Table 3's hard row improves part discovery over
   single-stage, which needs a gradient into Stage 1. "none" is the main text's reading (§4.0.2:
   the argmax blocks the gradient): Stage 1 then learns from its own losses alone, as single-stage.
+  drop_background: at inference, hard / STE Stage 2 skips the background group (bit-identical
+  foreground outputs, models/block_sparse.py). attention_tiles > 0: tiled block-sparse
+  attention under hard masks.
   """
   if mask not in ("soft", "hard", "ste"):
     raise ValueError(f"Stage-2 mask must be 'soft', 'hard' or 'ste', got {mask!r}")
   if hard_gradient not in ("selected", "none"):
     raise ValueError(f"Stage-2 hard_gradient must be 'selected' or 'none', got {hard_gradient!r}")
+  return ml_collections.ConfigDict({
+      "name": "two_stage", "num_parts": num_parts, "temperature": temperature,
+      "stage2": {"mask": mask, "feature": feature, "ste_scope": ste_scope,
+                 "hard_gradient": hard_gradient, "drop_background": True, "attention_tiles": 0},
+  })
+
+
+def two_stage(config: ml_collections.ConfigDict, mask: str,
+              **stage2) -> ml_collections.ConfigDict:
+  """A copy of the single-stage training `config` with `two_stage_model(mask, **stage2)` at its
+  K and temperature in place of Stage 1 alone."""
   config = ml_collections.ConfigDict(config.to_dict())
-  config.model.name = "two_stage"
-  # drop_background: at inference, hard / STE Stage 2 skips the background group (bit-identical
-  # foreground outputs, models/block_sparse.py). attention_tiles > 0: tiled block-sparse
-  # attention under hard masks.
-  config.model.stage2 = ml_collections.ConfigDict({"mask": mask, "feature": feature,
-                                                  "ste_scope": ste_scope,
-                                                  "hard_gradient": hard_gradient,
-                                                  "drop_background": True,
-                                                  "attention_tiles": 0})
-  return config
-
-
-def load_sibling_config(config_file: str, name: str, arg: str = "") -> ml_collections.ConfigDict:
-  """`get_config(arg)` of configs/<name>.py, next to `config_file`: composes configs from
-  configs without making configs/ an importable package."""
-  import importlib.util
-  import os
-  path = os.path.join(os.path.dirname(os.path.abspath(config_file)), name + ".py")
-  spec = importlib.util.spec_from_file_location(f"metonymy_config_{name}", path)
-  if spec is None or not os.path.exists(path):
-    raise FileNotFoundError(f"Config {path} not found.")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
-
-
-def part_discovery(backbone_config: ml_collections.ConfigDict, data: ml_collections.ConfigDict,
-                   num_parts: int, num_epochs: int = 30) -> ml_collections.ConfigDict:
-  """A single-stage training run (job "train"): the paper's model, losses, optimizer and
-  schedule around a dataset's `train_data` block and a `backbone` block."""
-  config = ml_collections.ConfigDict()
-  config.job = "train"
-  config.seed = 0
-  config.backbone = backbone_config
-  config.model = stage1_model(num_parts=num_parts)
-  config.loss = part_losses()
-  config.optimizer = part_optimizer()
-  config.data = data
-  config.trainer = trainer(num_epochs=num_epochs)
-  config.mesh = mesh()
-  return config
-
-
-def with_run_size(config: ml_collections.ConfigDict, arg: str) -> ml_collections.ConfigDict:
-  """Applies a training config's get_config arg: "" (as is) or "runlocal" (`shrink_for_cpu`)."""
-  if arg == "runlocal":
-    return shrink_for_cpu(config)
-  if arg:
-    raise ValueError(f"Unknown config argument {arg!r}; use '' or 'runlocal'.")
+  config.model = two_stage_model(config.model.num_parts, mask,
+                                 temperature=config.model.temperature, **stage2)
   return config

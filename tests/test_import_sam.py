@@ -372,7 +372,8 @@ def test_suite_has_sam_with_late_masking_only():
   from metonymy import config_lib
   from metonymy.probe import job
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  config = config_lib.load_sibling_config(os.path.join(root, "configs", "x"), "probe_suite", "cub")
+  config = config_lib.load_sibling_config(os.path.join(root, "configs", "x"), "probe_suite",
+                                          "dataset=cub")
   sam = config.backbones.sam_vit_b16
   assert (sam.preset, sam.family, sam.image_size) == ("sam_vit_b16", "sam", 224)
   assert tuple(job._with_backbone_maskings(config, sam).features.maskings) == ("late",)

@@ -405,8 +405,9 @@ def test_synthetic_world_briefly_trained_vit(tmp_path):
 @pytest.mark.parametrize("name,arg", [("probe_synthetic.py", ""), ("probe_synthetic.py", "tiny"),
                                       ("probe_synthetic.py", "trained"),
                                       ("probe_cub.py", ""), ("probe_celeba.py", ""),
-                                      ("probe_chexpert.py", ""), ("probe_suite.py", "cub"),
-                                      ("probe_suite.py", "synthetic")])
+                                      ("probe_chexpert.py", ""),
+                                      ("probe_suite.py", "dataset=cub"),
+                                      ("probe_suite.py", "dataset=synthetic")])
 def test_probe_configs_load(name, arg):
   config = _load_config(name, arg)
   assert config.job == "probe"
