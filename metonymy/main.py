@@ -1,11 +1,12 @@
-"""The main job: `python -m metonymy.main --config=configs/<name>.py --workdir=DIR [--config.a.b=v]`.
+"""The entry point: `python -m metonymy.main --config=configs/<name>.py[:arg] --workdir=DIR`,
+then any number of `--config.a.b=v` overrides.
 
 The config's `job` field names what to run; each job is a module with `run(config, workdir)`.
 Configs are locked: an override of a key that does not exist fails and names the key.
+`--print_config` prints the resolved config (overrides applied) and exits without running.
 """
 
 import importlib
-import importlib.util
 import os
 import sys
 
@@ -15,12 +16,17 @@ from absl import logging
 from ml_collections import config_flags
 
 from metonymy import config_checks
+from metonymy import config_lib
 from metonymy import distributed
 from metonymy import workdir_claim
 
+# config_flags calls the file's get_config(arg) as config_lib.load_config does, then applies the
+# --config.a.b=v overrides.
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where outputs, logs and checkpoints go.")
+_PRINT_CONFIG = flags.DEFINE_bool("print_config", False,
+                                  "Print the resolved config (after --config.a=b) and exit.")
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None,
                                    "host:port of process 0, for clusters JAX does not detect.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "With --coordinator_address.")
@@ -49,6 +55,9 @@ def main(argv):
   config = _CONFIG.value
   if config is None:
     raise app.UsageError("--config=configs/<name>.py is required.")
+  if _PRINT_CONFIG.value:
+    print(config, end="")
+    return
   if "job" not in config:
     raise app.UsageError(f"The config has no `job` field; known jobs: {sorted(JOBS)}.")
   if config.job not in JOBS:
@@ -81,17 +90,6 @@ def main(argv):
       lock.release()
 
 
-def _load_config_file(spec: str):
-  """Loads `path[:arg]` the way config_flags does, for checking overrides before parsing."""
-  path, _, arg = spec.partition(":")
-  module_spec = importlib.util.spec_from_file_location("_metonymy_config", path)
-  if module_spec is None or not os.path.exists(path):
-    raise app.UsageError(f"Config file not found: {path}")
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module.get_config(arg) if arg else module.get_config()
-
-
 def check_overrides(argv) -> None:
   """Fails with the full key path when a --config.a.b=v override names a key the config lacks.
 
@@ -102,7 +100,11 @@ def check_overrides(argv) -> None:
   overrides = [a[len("--config."):].split("=", 1)[0] for a in argv if a.startswith("--config.")]
   if spec is None or not overrides:
     return
-  config = _load_config_file(spec)
+  config_file, _, arg = spec.partition(":")
+  try:
+    config = config_lib.load_config(config_file, arg)
+  except FileNotFoundError as e:
+    raise app.UsageError(str(e)) from e
   for path in overrides:
     node, walked = config, []
     for part in path.split("."):

@@ -1,0 +1,36 @@
+"""`python -m metonymy.main`: --print_config shows the resolved config and runs nothing; an
+override of a key the config lacks fails naming the key."""
+
+import os
+import subprocess
+import sys
+
+from metonymy import config_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _main(*args):
+  return subprocess.run([sys.executable, "-m", "metonymy.main", *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120)
+
+
+def test_print_config_prints_the_resolved_config_and_exits_without_a_workdir():
+  proc = _main("--config=configs/celeba_ste.py:runlocal", "--config.trainer.num_steps=7",
+               "--config.model.stage2.hard_gradient=none", "--print_config")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  want = config_lib.load_config(os.path.join(ROOT, "configs", "celeba_ste.py"), "runlocal")
+  want.trainer.num_steps = 7
+  want.model.stage2.hard_gradient = "none"
+  assert proc.stdout == str(want)
+  assert "Running job" not in proc.stderr
+
+
+def test_an_unknown_override_or_arg_fails_naming_it():
+  proc = _main("--config=configs/probe_suite.py:dataset=synthetic", "--config.backbones.x=1",
+               "--print_config")
+  assert proc.returncode != 0
+  assert "Unknown config key 'backbones.x'" in proc.stderr, proc.stderr[-3000:]
+  proc = _main("--config=configs/demo.py:small", "--print_config")
+  assert proc.returncode != 0
+  assert "Unknown config argument 'small'" in proc.stderr, proc.stderr[-3000:]
