@@ -33,6 +33,8 @@ import time
 import uuid
 from typing import Dict, List, Optional, Tuple
 
+from absl import logging
+
 LOCK_FILE = "run.lock"
 CONFIG_FILE = "config.json"
 HEARTBEAT_S = 60.0
@@ -191,7 +193,6 @@ def acquire(workdir: str) -> Lock:
             f"from another host also counts as stale {STALE_S / 60:.0f} minutes after its last "
             f"heartbeat ({age:.0f} s ago).") from None
       if _break_stale(path, other):
-        from absl import logging
         logging.warning("Took over the stale lock %s of process %s on host %s: %s.", path,
                         other.get("pid"), other.get("host"), stale)
       continue

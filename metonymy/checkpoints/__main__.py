@@ -10,6 +10,7 @@ import sys
 
 from metonymy import checkpoints
 from metonymy.checkpoints import registry
+from metonymy.models import vit
 
 
 def main(argv=None) -> int:
@@ -35,7 +36,6 @@ def main(argv=None) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 1
   checkpoints.save_converted(args.output, config, params, source=f"{args.input} ({layout})")
-  from metonymy.models import vit
   tokens = (f"{config.num_registers} registers" if hasattr(config, "num_registers") else
             f"no prefix tokens, {getattr(config, 'out_channels', 0)}-channel neck")
   print(f"{args.input}: layout {layout}, {config.depth} blocks, width {config.width}, patch "

@@ -25,6 +25,7 @@ import time
 
 from metonymy import data
 from metonymy.data import base
+from metonymy.data import folder
 
 
 class _Progress:
@@ -67,7 +68,6 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
 
   if args.command == "export-synthetic":
-    from metonymy.data import folder
     try:
       root = folder.export_synthetic(args.root, args.examples, image_size=args.image_size,
                                      correlation=args.correlation)

@@ -59,6 +59,7 @@ import numpy as np
 from PIL import Image
 
 from metonymy.data import base
+from metonymy.data import synthetic
 from metonymy.data.files import example_index, load_rgb, require_file, verify_split_images
 
 PathLike = Union[str, os.PathLike]
@@ -472,7 +473,6 @@ def export_synthetic(root: PathLike, examples: int, *, splits: Sequence[str] = (
   """Writes the first `examples` examples of each split of the synthetic world (`options`:
   SyntheticConfig fields) to `root` in this format: PNG images and masks, so reading the folder
   back gives the built-in source's examples bit for bit. Returns `root`."""
-  from metonymy.data import synthetic
   if examples < 1:
     raise ValueError(f"examples must be >= 1, got {examples}")
   options = dict(options)
