@@ -28,9 +28,6 @@ One example (`base` contract):
   keypoint_visible  bool    [15]       the file's flag (an invisible point keeps the file's 0, 0)
   label             int32   []         class 0..199
   index             int64   []         position in the split
-
-The small file helpers here (`require_file`, `read_rows`, `load_rgb`) are shared with
-`celeba.py` and `chexpert.py`.
 """
 
 import dataclasses
