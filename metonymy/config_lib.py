@@ -3,7 +3,7 @@
 A config file is `configs/<name>.py` with `get_config(arg: str = "")` returning a ConfigDict.
 `arg` is what follows `:` in `--config=configs/<name>.py:<arg>`: comma-separated `key=value`
 pairs or bare flags (a bare `key` means `key=True`), e.g. `runlocal`, `tiny`, `dataset=cub`,
-`preset=vit_b16`, `runlocal,mask=ste`. Every file reads it with `parse_arg(arg, **defaults)`,
+`preset=vit_b16`, `tiny,trained`. Every file reads it with `parse_arg(arg, **defaults)`,
 which names the keys it accepts and refuses any other; its docstring lists them.
 
 Each helper below returns one block of a config (backbone, data, model, loss, optimizer, ...)
@@ -46,7 +46,8 @@ def parse_arg(arg: str = "", **defaults) -> ml_collections.ConfigDict:
 
 def load_config(path: str, arg: str = "") -> ml_collections.ConfigDict:
   """`get_config(arg)` of the config file at `path`: the one loader of config files (main.py's
-  override check and --print_config, configs that build on another file, tests)."""
+  override check, configs built on another file, tests). main.py's --config flag loads the same
+  way through ml_collections.config_flags."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f"Config file not found: {path}")
   name = os.path.splitext(os.path.basename(path))[0]
