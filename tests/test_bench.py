@@ -7,7 +7,11 @@ import numpy as np
 import pytest
 
 from metonymy.bench import __main__ as bench_main
+from metonymy.bench import cost
+from metonymy.bench import options as bench_options
 from metonymy.bench import suite
+from metonymy.bench import tables
+from metonymy.bench import two_stage
 from metonymy.models import vit
 from tests import compile_cache
 
@@ -26,7 +30,7 @@ def _analytic_flops(config: vit.ViTConfig, image_size: int, length: int) -> floa
 
 @pytest.fixture(scope="module")
 def results():
-  options = suite.make_options(quick=True, sections=("early", "data"), num_parts=(1, 4))
+  options = bench_options.make_options(quick=True, sections=("early", "data"), num_parts=(1, 4))
   return suite.run(options)
 
 
@@ -60,45 +64,46 @@ def test_results_are_json_and_the_tables_print(results):
     assert m["mfu"] is None  # CPU: no peak FLOP/s known without --peak-tflops.
   assert decoded["data"]["pipeline_examples_per_second"] > 0
   assert decoded["data"]["render_examples_per_second_one_core"] > 0
-  table = suite.format_tables(results)
+  table = tables.format_tables(results)
   assert "Plain vs early-masked forward" in table and "t(e)/t(p)" in table
   assert "examples/s" in table and "MFU: no peak FLOP/s known" in table
 
 
 def test_peak_flops_by_device_kind():
-  assert suite.peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
-  assert suite.peak_tflops("NVIDIA H100 PCIe") == 756.0
-  assert suite.peak_tflops("NVIDIA H200") == 989.0
-  assert suite.peak_tflops("NVIDIA A100-SXM4-40GB") == 312.0
-  assert suite.peak_tflops("TPU v4") == 275.0
-  assert suite.peak_tflops("TPU v5 lite") == 197.0
-  assert suite.peak_tflops("TPU v5") == 459.0
-  assert suite.peak_tflops("cpu") is None
-  assert suite.peak_tflops("cpu", override=1.5) == 1.5
+  assert cost.peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
+  assert cost.peak_tflops("NVIDIA H100 PCIe") == 756.0
+  assert cost.peak_tflops("NVIDIA H200") == 989.0
+  assert cost.peak_tflops("NVIDIA A100-SXM4-40GB") == 312.0
+  assert cost.peak_tflops("TPU v4") == 275.0
+  assert cost.peak_tflops("TPU v5 lite") == 197.0
+  assert cost.peak_tflops("TPU v5") == 459.0
+  assert cost.peak_tflops("cpu") is None
+  assert cost.peak_tflops("cpu", override=1.5) == 1.5
 
 
 def test_foreground_layouts():
-  ids = suite.layout_part_ids((8, 8), 2, 4, 0.25)
+  ids = two_stage.layout_part_ids((8, 8), 2, 4, 0.25)
   assert ids.shape == (2, 8, 8) and ids.dtype == np.int32
   assert np.sum(ids[0] != 4) == 16 and set(np.unique(ids[0])) == {0, 1, 2, 3, 4}
-  assert np.all(suite.layout_part_ids((8, 8), 1, 4, 1.0) != 4)
+  assert np.all(two_stage.layout_part_ids((8, 8), 1, 4, 1.0) != 4)
 
 
 def test_options():
-  assert suite.make_options().model == "vit_s16"
-  quick = suite.make_options(quick=True, depth=2)
+  assert bench_options.make_options().model == "vit_s16"
+  quick = bench_options.make_options(quick=True, depth=2)
   assert quick.model == "vit_tiny_test" and quick.depth == 2
   with pytest.raises(ValueError, match="cudnn"):
-    suite.make_options(attention_impl="cudnn")
+    bench_options.make_options(attention_impl="cudnn")
   with pytest.raises(ValueError, match="sections"):
-    suite.make_options(sections=("nope",))
+    bench_options.make_options(sections=("nope",))
 
 
 def test_dropping_the_background_cuts_two_stage_flops():
-  options = suite.make_options(quick=True, sections=("two_stage",), two_stage_masks=("hard",),
-                               fg_fractions=(0.25,), train=False, image_size=48)
+  options = bench_options.make_options(quick=True, sections=("two_stage",),
+                                       two_stage_masks=("hard",), fg_fractions=(0.25,),
+                                       train=False, image_size=48)
   notes = []
-  r = suite.two_stage_costs(options, None, notes)
+  r = two_stage.table_s5(options, None, notes)
   v = r["variants"]
   single = v["single/inference"]["gflops_per_image"]
   dense = v["hard/inference"]["gflops_per_image"]
@@ -109,7 +114,23 @@ def test_dropping_the_background_cuts_two_stage_flops():
   # the dense Stage 2 (the whole program's count shows the costliest bucket, all 42 tokens).
   assert single < dropped and dropped - single < 0.7 * (dense - single)
   assert v["hard_drop_bg/fg0.25"]["gflops_per_image_static"] > 0.95 * dense
-  assert "Table S5" in "\n".join(suite.format_two_stage(r))
+  assert "Table S5" in "\n".join(tables.format_two_stage(r))
+
+
+def test_vit_readme_rows_replace_their_configuration(tmp_path):
+  path = tmp_path / "README.md"
+  path.write_text("intro\n<!-- bench:vit:begin -->\nold\n<!-- bench:vit:end -->\noutro\n")
+  header = "| model | batch | px | K | x |\n|---|---|---|---|---|"
+  row = lambda model, value: f"| {model} | 8 | 224 | 8 | 197 -> 205 | {value} |"
+  bench_main.update_readme(str(path), "bench:vit", header, row("vit_b16", 1), "cpu:0")
+  bench_main.update_readme(str(path), "bench:vit", header, row("vit_s16", 2), "cpu:0")
+  bench_main.update_readme(str(path), "bench:vit", header, row("vit_b16", 3), "cpu:0")
+  text = path.read_text()
+  assert text.startswith("intro\n<!-- bench:vit:begin -->\nGenerated by `python -m metonymy.bench")
+  assert text.endswith("<!-- bench:vit:end -->\noutro\n") and "old" not in text
+  assert text.count(header) == 1
+  assert text.index(row("vit_s16", 2)) < text.index(row("vit_b16", 3))
+  assert row("vit_b16", 1) not in text
 
 
 @pytest.mark.slow
@@ -119,7 +140,7 @@ def test_suite_command_writes_json(tmp_path, capsys):
   out = capsys.readouterr().out
   assert "Table S5" in out and "Training step" in out and "Early-masked attention" in out
   results = json.loads(path.read_text())
-  assert set(results) >= set(suite.SECTIONS)
+  assert set(results) >= set(bench_options.SECTIONS)
   two = results["two_stage"]["variants"]
   assert {"single/inference", "hard/inference", "ste/inference", "single/train_step",
           "hard/train_step", "ste/train_step"} <= set(two)

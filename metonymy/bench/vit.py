@@ -6,20 +6,21 @@ Both sides compute the same function: the PyTorch reference is a timm model with
 imported into Flax through `metonymy.checkpoints` (and the outputs are compared before timing).
 Times are minima over interleaved repetitions in one process, so the ratios are measured under
 the same machine load. The early-masked reference runs timm's blocks on the `[prefix copies,
-patches]` sequence with the same block mask.
+patches]` sequence with the same block mask. `from_options` is the `bench suite` section "vit".
 """
 
 import dataclasses
 import os
 import tempfile
-import time
-from typing import Callable, Dict, Optional
+from typing import Dict, List, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from metonymy import checkpoints
+from metonymy.bench import cost
+from metonymy.bench.options import Options, patch_grid, sequence_lengths, vit_config
 from metonymy.models import vit
 
 # Our preset -> the timm architecture that is its PyTorch reference.
@@ -35,12 +36,6 @@ TIMM_REFERENCES = {
 class Timing:
   seconds: float  # best seconds per batch over the repetitions
   images_per_second: float
-
-
-def _seconds(fn: Callable[[], None]) -> float:
-  start = time.perf_counter()
-  fn()
-  return time.perf_counter() - start
 
 
 def _timm_reference(model_name: str, image_size: int, depth: Optional[int]):
@@ -99,16 +94,12 @@ def run(model_name: str = "vit_b16", batch_size: int = 8, image_size: int = 224,
       save_file({k: v.contiguous() for k, v in torch_model.state_dict().items()}, path)
       model, params = checkpoints.load_backbone(path)
   else:
-    config = vit.get_config(model_name, image_size=image_size)
-    if depth:
-      config = config.replace(depth=depth)
-    model, params = vit.init_params(config)
+    model, params = vit.init_params(vit_config(model_name, image_size, depth))
   config = model.config
   results["depth"] = config.depth
-  grid = (image_size // config.patch_size,) * 2
-  part_ids = rng.integers(0, num_parts + 1, size=(batch_size,) + grid)
-  plain_len = config.num_prefix + grid[0] * grid[1]
-  early_len = (num_parts + 1) * config.num_prefix + grid[0] * grid[1]
+  part_ids = rng.integers(0, num_parts + 1, size=(batch_size,) + patch_grid(config, image_size))
+  lengths = sequence_lengths(config, image_size, num_parts)
+  plain_len, early_len = lengths["plain"], lengths["early"]
   results["sequence_length"] = {"plain": plain_len, "early": early_len}
 
   x = jnp.asarray(images)
@@ -146,12 +137,8 @@ def run(model_name: str = "vit_b16", batch_size: int = 8, image_size: int = 224,
     fns["torch_early"] = torch_early
   for fn in fns.values():  # Compile / warm up.
     fn()
-  samples = {name: [] for name in fns}
-  for _ in range(repeats):  # Interleaved, so slow drifts of machine load hit every variant.
-    for name, fn in fns.items():
-      samples[name].append(_seconds(fn))
-  # The minimum over repetitions: load from other processes only ever adds time.
-  timings = {name: Timing(min(s), batch_size / min(s)) for name, s in samples.items()}
+  timings = {name: Timing(s, batch_size / s)
+             for name, s in cost.interleaved_minima(fns, repeats).items()}
   results["timings"] = {k: dataclasses.asdict(v) for k, v in timings.items()}
   ratios = {"early_over_plain_time_flax": timings["flax_early"].seconds / timings["flax_plain"].seconds,
             "length_ratio": early_len / plain_len}
@@ -163,6 +150,28 @@ def run(model_name: str = "vit_b16", batch_size: int = 8, image_size: int = 224,
                                                   timings["torch_early"].images_per_second)
   results["ratios"] = ratios
   return results
+
+
+def from_options(options: Options, notes: List[str]) -> Dict[str, object]:
+  """`run` on the suite's model, batch and image size with K = `options.vit_parts`; PyTorch only
+  where timm and torch import and know the model (else a note says why not)."""
+  with_torch = options.torch
+  if with_torch:
+    try:
+      import timm  # noqa: F401
+      import torch  # noqa: F401
+    except ImportError as e:
+      with_torch = False
+      notes.append(f"vit: PyTorch reference skipped ({e}).")
+  if with_torch and options.model not in TIMM_REFERENCES:
+    with_torch = False
+    notes.append(f"vit: no timm reference for {options.model} "
+                 f"(known: {sorted(TIMM_REFERENCES)}); Flax only.")
+  if options.dtype != "float32" or options.attention_impl:
+    notes.append("vit: bench/vit.py compares float32 with XLA attention on both sides, whatever "
+                 "--dtype / --attention-impl say.")
+  return run(options.model, options.batch_size, options.image_size, options.vit_parts,
+             max(options.repeats, 1), options.depth, with_torch, options.threads)
 
 
 def format_table(results: Dict[str, object]) -> str:
