@@ -36,6 +36,8 @@ from absl import logging
 import jax
 import numpy as np
 
+from metonymy.training import writers
+
 # The exit status of a run that saved after a preemption notice and should be started again: 75
 # is EX_TEMPFAIL in sysexits.h ("temporary failure, the user is invited to retry"). launch/
 # scripts requeue on it; any other status is a finished or failed run.
@@ -164,7 +166,7 @@ class Watch:
       multihost_utils.sync_global_devices(f"metonymy_preempted_{step}")
     error = Preempted(step, self.reason())
     if jax.process_index() == 0:
-      print(str(error), flush=True)  # The run's console (training/writers.console).
+      writers.console(str(error))
     else:
       logging.warning("Process %d: %s", jax.process_index(), error)
     raise error

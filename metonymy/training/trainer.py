@@ -37,6 +37,7 @@ import os
 from typing import Any, Dict
 
 from absl import logging
+from clu import parameter_overview
 import flax
 import jax
 import jax.numpy as jnp
@@ -48,7 +49,6 @@ from jax.experimental import multihost_utils
 from metonymy import loading
 from metonymy.checkpoints import store
 from metonymy.data import pipeline
-from metonymy.models import vit
 from metonymy.training import evaluate
 from metonymy.training import inputs
 from metonymy.training import objective
@@ -194,7 +194,7 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
       f"Weight decay {optimizer.effective_weight_decay(config.optimizer, total_steps):.3g} "
       f"(config.optimizer.weight_decay {config.optimizer.weight_decay}, normalized: "
       f"{bool(config.optimizer.get('weight_decay_normalized', False))}, {total_steps} steps) on "
-      f"{num_decayed:,} of {vit.count_params(abstract_params):,} trainable parameters (2-D "
+      f"{num_decayed:,} of {parameter_overview.count_parameters(abstract_params):,} trainable parameters (2-D "
       f"weights; no prototypes, norms, biases, prefix or position tokens).")
 
   def init_state(rng, frozen):
@@ -258,9 +258,11 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
   step = int(jax.device_get(state.step))
   writer.trim(step)  # The killed run's records after the restored step would appear twice.
   writers.console(
-      f"Training {config.model.name}: {vit.count_params(state.params):,} trainable parameters, "
-      f"{vit.count_params(frozen):,} frozen; {total_steps} steps ({steps_per_epoch}/epoch) at "
+      f"Training {config.model.name}: {parameter_overview.count_parameters(state.params):,} "
+      f"trainable parameters, {parameter_overview.count_parameters(frozen):,} frozen; {total_steps} steps ({steps_per_epoch}/epoch) at "
       f"batch {batch_size} on {mesh.size} device(s) {dict(mesh.shape)}.")
+  writers.log_parameters("Trainable parameters:", state.params)
+  writers.log_parameters("Frozen parameters:", frozen)
 
   def predict(host_batch):
     batch = sharding.global_batch(inputs.device_keys(host_batch, inputs.EVAL_KEYS), batch_sh)
@@ -297,8 +299,7 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
 
   if step >= total_steps:
     writers.console(f"Nothing to do: the run in {workdir} already reached step {step}.")
-  progress = writers.Progress(total_steps, step)
-  first_step = True
+  progress = profile = None  # Made after the first step, which includes compilation.
   pending = None  # The previous step's metrics, checked one step late to keep the device busy.
   last_eval: Dict[str, float] = {}
   # SIGTERM / SIGUSR1 and checkpoint_every_minutes: saves agreed by every process (preemption.py).
@@ -314,21 +315,24 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
         step += 1
         stop, timed = watch.decide(step, pending[2] if pending is not None else None)
         pending = (step, metrics, agreed)
-        if first_step:  # Time from here: the first step includes compilation.
+        if progress is None:  # Time from here: the first step includes compilation.
           jax.block_until_ready(metrics)
-          progress, first_step = writers.Progress(total_steps, step), False
+          progress = writers.Progress(total_steps, log_every)
+          profile = writers.profiler(workdir, config.trainer.get("profile_steps", 0), step + 1)
+        progress(step)
+        if profile is not None:
+          profile(step)
         last = step == total_steps
         if step % log_every == 0 or last:
           values = finite_or_raise(step, metrics)
           values.update({f"lr/{g}": float(fn(step - 1)) for g, fn in schedules.items()})
           values["epoch"] = step / steps_per_epoch
-          rate = progress.update(step)
           if np.isfinite(progress.steps_per_second):
             values["steps_per_second"] = progress.steps_per_second
           writer.write_scalars(step, values)
           writers.console(f"step {step}/{total_steps} (epoch {values['epoch']:.2f}) "
                           f"loss {values['loss']:.4f}, max part share "
-                          f"{values['train/part_share/max']:.2f} | {rate}")
+                          f"{values['train/part_share/max']:.2f} | {progress.line(step)}")
         if step % checkpoint_every == 0 or last or stop or timed:
           finite_or_raise(step, metrics)
           run_state.save(mngr, state, train_iter)
@@ -340,6 +344,8 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
           with progress.pause():
             last_eval = run_eval(step)
   finally:
+    if profile is not None:
+      writers.stop_profiler()
     mngr.wait_until_finished()
     mngr.close()
     writer.close()

@@ -6,10 +6,13 @@
   WORKDIR/images/<name>_<step>.png
   WORKDIR/report.md           the latest evaluation in words (`write_text`, replaced each time)
 
-Only process 0 writes; on other processes every method is a no-op.
-(`clu.metric_writers` would import TensorFlow, hence tensorboardX.)
+Only process 0 writes; on other processes every method is a no-op. TensorBoard files come from
+tensorboardX because `clu.metric_writers` needs TensorFlow; the console's steps/s and ETA come from
+clu's ReportProgress, the optional trace from clu's Profile, the start-up parameter table from
+clu.parameter_overview.
 """
 
+import contextlib
 import json
 import logging as py_logging
 import math
@@ -112,41 +115,76 @@ class MetricWriter:
       self.enabled = False
 
 
-class Progress:
-  """Steps/s and ETA for the console, measured between calls (so compile time and evaluation
-  pauses are excluded once `pause`d around them)."""
+def _periodic_actions():
+  """clu.periodic_actions, imported without TensorFlow.
 
-  def __init__(self, total_steps: int, first_step: int):
-    self.total_steps = total_steps
-    self._last_step = first_step
-    self._last_time = time.perf_counter()
-    self._paused = 0.0
+  It imports clu.metric_writers, whose package imports its TensorFlow summary writer. metonymy
+  writes TensorBoard files with tensorboardX and uses none of clu's writers, so unless that module
+  is loaded already a placeholder stands in for it (constructing its SummaryWriter raises)."""
+  import sys
+  import types
+  name = "clu.metric_writers.summary_writer"
+  if name not in sys.modules:
+    placeholder = types.ModuleType(name)
+
+    class SummaryWriter:
+
+      def __init__(self, *args, **kwargs):
+        raise ImportError("metonymy stands in for clu's TensorFlow SummaryWriter (it writes "
+                          "TensorBoard files with tensorboardX); import clu.metric_writers "
+                          "before metonymy.training.writers to use clu's.")
+
+    placeholder.SummaryWriter = SummaryWriter
+    sys.modules[name] = placeholder
+  from clu import periodic_actions
+  return periodic_actions
+
+
+class _Rate:
+  """The MetricWriter clu's ReportProgress reports to: keeps its steps/s for the console line
+  and the step's metrics record."""
+
+  def __init__(self):
     self.steps_per_second = float("nan")
 
+  def write_scalars(self, step: int, scalars) -> None:
+    del step
+    if "steps_per_sec" in scalars:
+      self.steps_per_second = float(scalars["steps_per_sec"])
+
+
+class Progress:
+  """Steps/s and ETA for the console, from clu's ReportProgress. Call it after every step from
+  the first timed one on (the step that compiled is left out); it measures between the steps it
+  reports (every `every_steps`, and the last), leaving out the time spent inside `pause()`."""
+
+  def __init__(self, total_steps: int, every_steps: int):
+    self.total_steps = total_steps
+    self._rate = _Rate()
+    self._report = _periodic_actions().ReportProgress(
+        num_train_steps=total_steps, writer=self._rate, every_steps=every_steps, every_secs=None)
+    self._paused = 0.0
+
+  def __call__(self, step: int) -> None:
+    self._report(step, time.monotonic() - self._paused)
+
+  @property
+  def steps_per_second(self) -> float:
+    return self._rate.steps_per_second
+
+  @contextlib.contextmanager
   def pause(self):
-    return _Pause(self)
+    start = time.monotonic()
+    try:
+      yield
+    finally:
+      self._paused += time.monotonic() - start
 
-  def update(self, step: int) -> str:
-    now = time.perf_counter()
-    elapsed = now - self._last_time - self._paused
-    if step > self._last_step and elapsed > 0:
-      self.steps_per_second = (step - self._last_step) / elapsed
-    self._last_step, self._last_time, self._paused = step, now, 0.0
-    remaining = (self.total_steps - step) / self.steps_per_second if self.steps_per_second > 0 else float("nan")
-    rate = f"{self.steps_per_second:.2f}" if math.isfinite(self.steps_per_second) else "-"
-    return f"{rate} steps/s, ETA {_duration(remaining)}"
-
-
-class _Pause:
-
-  def __init__(self, progress: Progress):
-    self.progress = progress
-
-  def __enter__(self):
-    self.start = time.perf_counter()
-
-  def __exit__(self, *exc):
-    self.progress._paused += time.perf_counter() - self.start
+  def line(self, step: int) -> str:
+    """"<steps/s> steps/s, ETA <time>" as of the last report ("-" and "?" before the first)."""
+    rate = self.steps_per_second
+    remaining = (self.total_steps - step) / rate if rate > 0 else float("nan")
+    return f"{f'{rate:.2f}' if math.isfinite(rate) else '-'} steps/s, ETA {_duration(remaining)}"
 
 
 def _duration(seconds: float) -> str:
@@ -156,6 +194,35 @@ def _duration(seconds: float) -> str:
   hours, rest = divmod(seconds, 3600)
   minutes, secs = divmod(rest, 60)
   return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def profiler(workdir: str, num_steps: int, first_step: int):
+  """clu's Profile hook: one JAX trace of `num_steps` steps after `first_step`, into
+  WORKDIR/tensorboard (TensorBoard's profile tab); call it after every step. None when num_steps
+  is 0, or on processes other than 0."""
+  import jax
+  if not num_steps or jax.process_index() != 0:
+    return None
+  return _periodic_actions().Profile(
+      logdir=os.path.join(workdir, "tensorboard"), num_profile_steps=num_steps,
+      profile_duration_ms=None, first_profile=first_step, every_secs=None)
+
+
+def stop_profiler() -> None:
+  """Ends a trace the run finished (or stopped) inside of; nothing if none is running."""
+  import jax
+  try:
+    jax.profiler.stop_trace()
+  except RuntimeError:  # "No profile started": Profile stopped it itself.
+    pass
+
+
+def log_parameters(title: str, params) -> None:
+  """The parameter table (name, shape, dtype, size; clu.parameter_overview) on process 0's INFO
+  log."""
+  from clu import parameter_overview
+  parameter_overview.log_parameter_overview(params, include_stats=False, msg=title,
+                                            jax_logging_process=0)
 
 
 def console(message: str) -> None:
@@ -178,8 +245,9 @@ class _DropLibraryInfo(py_logging.Filter):
         m in record.pathname for m in self.markers)
 
 
-def quiet_library_logs(packages=("orbax", "grain")) -> None:
-  """Orbax logs every stage of every save at INFO through absl, burying the progress lines;
+def quiet_library_logs(packages=("orbax", "grain", os.path.join("clu", "platform"))) -> None:
+  """Orbax logs every stage of every save at INFO through absl, burying the progress lines, and
+  clu's ReportProgress logs (through clu.platform) a second progress line beside the console's:
   keep those libraries' warnings and errors only. Idempotent."""
   logger = logging.get_absl_logger()
   if not any(isinstance(f, _DropLibraryInfo) for f in logger.filters):
