@@ -1,4 +1,4 @@
-"""The demo job (metonymy/demo.py): configs, the README block, the attention/feature helpers
+"""The demo job (metonymy/demo/): configs, the README blocks, the attention/feature helpers
 (metonymy/probe/explore.py), and small end-to-end runs of the story and the correlation sweep."""
 
 import json
@@ -13,6 +13,12 @@ from sklearn import metrics as skm
 from metonymy import config_lib
 from metonymy import data as data_lib
 from metonymy import demo
+from metonymy import readme_blocks
+from metonymy.demo import readme
+from metonymy.demo import references
+from metonymy.demo import stand_in
+from metonymy.demo import subjobs
+from metonymy.demo import sweep
 from metonymy.probe import explore
 from metonymy.models import vit
 
@@ -46,23 +52,14 @@ def test_configs_load(name, arg):
 
 @pytest.mark.parametrize("name", ["demo", "demo_correlation_sweep"])
 def test_unknown_arg_fails_clearly(name):
-  with pytest.raises(ValueError, match="unknown arg"):
+  with pytest.raises(ValueError, match="Unknown config argument"):
     _config(name, "nope")
-
-
-def test_update_readme_replaces_only_the_block(tmp_path):
-  path = tmp_path / "README.md"
-  path.write_text(f"# title\n\nbefore\n{demo.README_BEGIN}\nold table\n{demo.README_END}\nafter\n")
-  demo.update_readme(str(path), "| a |\n|---|\n| 1 |")
-  demo.update_readme(str(path), "| a |\n|---|\n| 2 |")  # idempotent shape: replaced, not appended
-  text = path.read_text()
-  assert text == (f"# title\n\nbefore\n{demo.README_BEGIN}\n| a |\n|---|\n| 2 |\n"
-                  f"{demo.README_END}\nafter\n")
 
 
 def test_seed_rows_are_replaced_per_seed_and_kept_sorted(tmp_path):
   path = tmp_path / "README.md"
-  path.write_text(f"# t\n{demo.SEEDS_BEGIN}\n{demo.SEEDS_END}\nafter\n")
+  begin, end = readme_blocks.markers(readme.SEEDS_BLOCK)
+  path.write_text(f"# t\n{begin}\n{end}\nafter\n")
   summary = {k: 0.5 for k in ("ps_late", "ps_early", "map_single", "nmi_single", "ari_single",
                               "map_two_stage_stage2", "map_two_stage_ensemble", "nmi_two_stage",
                               "ari_two_stage", "max_part_share_single",
@@ -70,21 +67,23 @@ def test_seed_rows_are_replaced_per_seed_and_kept_sorted(tmp_path):
   run = lambda seed, value: {"world": {"seed": seed}, "summary": dict(summary, map_single=value),
                              "backbone": {"quality_val": {"cls/mAP": 0.7}},
                              "seconds": {"total": 100.0}}
-  demo.update_readme_seed_row(str(path), run(2, 0.1))
-  demo.update_readme_seed_row(str(path), run(0, 0.2))
-  demo.update_readme_seed_row(str(path), run(2, 0.3))  # seed 2 again: its row is replaced
+  readme.write_seed_row(str(path), run(2, 0.1))
+  readme.write_seed_row(str(path), run(0, 0.2))
+  readme.write_seed_row(str(path), run(2, 0.3))  # seed 2 again: its row is replaced
   lines = [l for l in path.read_text().splitlines() if l.startswith("| ") and l[2].isdigit()]
   assert [l.split("|")[1].strip() for l in lines] == ["0", "2"]
   assert "| 0.300 |" in lines[1] and "| 0.200 |" in lines[0] and "0.100" not in path.read_text()
-  assert path.read_text().endswith(f"{demo.SEEDS_END}\nafter\n")
+  assert path.read_text().endswith(f"{end}\nafter\n")
 
 
-def test_update_readme_without_markers_fails_clearly(tmp_path):
+def test_seed_row_without_markers_fails_clearly(tmp_path):
   path = tmp_path / "README.md"
   path.write_text("# no markers\n")
-  with pytest.raises(ValueError, match="demo:results:begin"):
-    demo.update_readme(str(path), "x")
+  with pytest.raises(ValueError, match="demo:seeds:begin"):
+    readme.write_seed_row(str(path), {})
   assert path.read_text() == "# no markers\n"
+  with pytest.raises(FileNotFoundError, match="nope.md"):
+    readme.write_seed_row(str(tmp_path / "nope.md"), {})
 
 
 def test_last_eval_reads_the_latest_evaluation(tmp_path):
@@ -93,7 +92,7 @@ def test_last_eval_reads_the_latest_evaluation(tmp_path):
              {"step": 10, "eval/stage1/mAP": 0.4, "eval/parts/NMI": 12.0},
              {"step": 11, "loss": 0.5}]
   (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-  assert demo.last_eval(str(tmp_path)) == {"stage1/mAP": 0.4, "parts/NMI": 12.0, "step": 10}
+  assert subjobs.last_eval(str(tmp_path)) == {"stage1/mAP": 0.4, "parts/NMI": 12.0, "step": 10}
 
 
 def _tiny_vit():
@@ -110,10 +109,10 @@ def test_priors_of_the_truth_by_hand():
   """Total variation and presence of the world's true parts on the patch grid, recomputed here
   from the pixels with plain loops: plurality label per patch, then neighbour differences."""
   config = _config("demo", "tiny")
-  data = demo._with_world(config.single, config.world).data
+  data = subjobs.with_world(config.single, config.world).data
   data.eval_examples, data.batch_size = 3, 3
   patch = 4
-  got = demo.priors_of_the_truth(data, patch)
+  got = references.priors_of_the_truth(data, patch)
   source = data_lib.make_source(data.dataset, None, data.eval_split, **data.options.to_dict())
   num_parts = len(source.info.part_names)
   tv = 0.0
@@ -175,19 +174,19 @@ def test_early_part_feature_ignores_pixels_outside_the_part():
 def tiny_demo(tmp_path_factory):
   """One tiny story run (shared: its backbone also feeds the sweep test)."""
   workdir = str(tmp_path_factory.mktemp("demo"))
-  readme = os.path.join(workdir, "README_copy.md")
-  with open(readme, "w") as f:
-    f.write(f"# x\n{demo.README_BEGIN}\n{demo.README_END}\n{demo.SEEDS_BEGIN}\n"
-            f"{demo.SEEDS_END}\n")
+  readme_path = os.path.join(workdir, "README_copy.md")
+  with open(readme_path, "w") as f:
+    f.write("# x\n" + "\n".join(readme_blocks.markers(readme.RESULTS_BLOCK)
+                                  + readme_blocks.markers(readme.SEEDS_BLOCK)) + "\n")
   config = _config("demo", "tiny")
-  config.readme = readme
+  config.readme = readme_path
   results = demo.run(config, workdir)
-  return workdir, results, readme
+  return workdir, results, readme_path
 
 
 @pytest.mark.slow
 def test_tiny_demo_writes_report_and_results(tiny_demo):
-  workdir, results, readme = tiny_demo
+  workdir, results, readme_path = tiny_demo
   with open(os.path.join(workdir, "results.json")) as f:
     saved = json.load(f)
   assert saved["summary"].keys() == {
@@ -219,7 +218,7 @@ def test_tiny_demo_writes_report_and_results(tiny_demo):
   # with sklearn. Beating it takes a backbone that has learned the world and more than the
   # tiny run's 3 steps: tests/test_part_discovery_regression.py checks that.
   config = _config("demo", "tiny")
-  data = demo._with_world(config.single, config.world).data
+  data = subjobs.with_world(config.single, config.world).data
   source = data_lib.make_source(data.dataset, data.root or None, data.eval_split,
                                 **data.options.to_dict())
   labels = np.stack([source[i]["attributes"] for i in range(int(pd["single"]["num_examples"]))])
@@ -246,9 +245,9 @@ def test_tiny_demo_writes_report_and_results(tiny_demo):
     assert sum(r["part_share"]) == pytest.approx(1.0, abs=1e-6)
     assert r["collapsed"] == (max(r["part_share"]) > 0.9 or r["empty_parts"] > 0)
   # The numbers in the files are the ones the sub-jobs measured.
-  with open(os.path.join(workdir, demo.BENCHMARK_DIR, "results.json")) as f:
+  with open(os.path.join(workdir, subjobs.BENCHMARK_DIR, "results.json")) as f:
     assert json.load(f)["ps_late"] == pytest.approx(s["ps_late"])
-  assert demo.last_eval(os.path.join(workdir, "single"))["stage1/mAP"] == pytest.approx(
+  assert subjobs.last_eval(os.path.join(workdir, "single"))["stage1/mAP"] == pytest.approx(
       s["map_single"])
   # report.md: the tables, and only links to figures that exist.
   with open(os.path.join(workdir, "report.md")) as f:
@@ -261,24 +260,26 @@ def test_tiny_demo_writes_report_and_results(tiny_demo):
   assert all(os.path.exists(os.path.join(workdir, l)) for l in links), links
   # The priors' bill: the truth's on the patch grid, and each model's from its training log.
   priors = pd["priors"]
-  assert priors["single"] == {k: demo.last_train_losses(os.path.join(workdir, "single"))[k]
-                              for k in demo.MAP_PRIORS}
+  assert priors["single"] == {k: subjobs.last_train_losses(os.path.join(workdir, "single"))[k]
+                              for k in references.MAP_PRIORS}
   assert priors["truth"]["entropy"] == 0.0 and priors["truth"]["total_variation"] > 0.0
   assert "| ground-truth parts on the patch grid (one-hot) |" in report
   assert "| k-means on the foreground patch tokens vs the true parts (NMI x100) |" in report
-  with open(readme) as f:
+  with open(readme_path) as f:
     block = f.read()
-  assert f"{s['ps_late']:.3f}" in block and demo.README_END in block
-  assert "| 0 | " in block.split(demo.SEEDS_BEGIN)[1]  # this world's row of the seeds table
+  results_end, seeds_begin = (readme_blocks.markers(readme.RESULTS_BLOCK)[1],
+                              readme_blocks.markers(readme.SEEDS_BLOCK)[0])
+  assert f"{s['ps_late']:.3f}" in block and results_end in block
+  assert "| 0 | " in block.split(seeds_begin)[1]  # this world's row of the seeds table
 
 
 @pytest.mark.slow
 def test_small_sweep_plots_ps_against_correlation(tiny_demo, tmp_path):
   demo_dir = tiny_demo[0]
   config = _config("demo_correlation_sweep", "small")
-  config.benchmark.backbone.checkpoint = os.path.join(demo_dir, demo.BACKBONE_DIR)
+  config.benchmark.backbone.checkpoint = os.path.join(demo_dir, stand_in.BACKBONE_DIR)
   results = demo.run(config, str(tmp_path))
-  assert os.path.getsize(tmp_path / demo.SWEEP_PNG) > 1000
+  assert os.path.getsize(tmp_path / sweep.SWEEP_PNG) > 1000
   assert [p["correlation"] for p in results["points"]] == [0.0, 1.0]
   with open(tmp_path / "results.json") as f:
     points = json.load(f)["points"]

@@ -10,7 +10,9 @@ import os
 import pytest
 
 from metonymy import config_lib
-from metonymy import demo
+from metonymy.demo import references
+from metonymy.demo import stand_in
+from metonymy.demo import subjobs
 
 CONFIG_FILE = os.path.join(os.path.dirname(__file__), "..", "configs", "demo.py")
 # Every part's share of the evaluation patches must lie in [MIN_SHARE, MAX_SHARE]: a collapsed
@@ -23,7 +25,7 @@ MIN_SHARE, MAX_SHARE, NMI_FLOOR = 0.01, 0.90, 2.0
 @pytest.mark.slow
 def test_stage1_on_a_learned_backbone_does_not_collapse(tmp_path):
   config = config_lib.load_sibling_config(CONFIG_FILE, "demo", "")
-  backbone, record = demo.pretrained_backbone(config, str(tmp_path), config.world)
+  backbone, record = stand_in.pretrained_backbone(config, str(tmp_path), config.world)
   assert record["source"].startswith("demo_stand_in_world0"), record["source"]
   sub = config.single
   sub.trainer.num_steps = 200
@@ -32,9 +34,10 @@ def test_stage1_on_a_learned_backbone_does_not_collapse(tmp_path):
   sub.trainer.log_every_steps = 100
   sub.data.eval_split = "val"
   sub.data.eval_examples = 64
-  scalars = demo.run_training(sub, backbone, str(tmp_path / "single"), config.world)
+  scalars = subjobs.run_training(sub, backbone, str(tmp_path / "single"), config.world)
   shares = [scalars[f"part_share/{k}"] for k in range(sub.model.num_parts + 1)]
   assert all(MIN_SHARE <= s <= MAX_SHARE for s in shares), shares
   assert scalars["collapsed"] == 0.0
   assert scalars["parts/NMI"] > NMI_FLOOR, scalars
-  assert scalars["stage1/mAP"] > demo.chance_map(demo._with_world(sub, config.world).data) + 0.1
+  chance = references.chance_map(subjobs.with_world(sub, config.world).data)
+  assert scalars["stage1/mAP"] > chance + 0.1

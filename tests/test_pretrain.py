@@ -11,9 +11,9 @@ import optax
 import pytest
 
 from metonymy import config_lib
-from metonymy import demo
 from metonymy import loading
 from metonymy.checkpoints.io import CheckpointError
+from metonymy.demo import stand_in
 from metonymy.models import vit
 from metonymy.probe import pretrain
 
@@ -110,9 +110,9 @@ def test_shipped_stand_in_loads_and_matches_the_demo_recipe(seed):
   architecture, and its recorded quality on val is well above chance."""
   config = config_lib.load_sibling_config(CONFIG_FILE, "demo", "")
   config.world.seed = seed
-  prefix = demo.shipped_stand_in(seed)
+  prefix = stand_in.shipped_stand_in(seed)
   vit_config, params, heads, record = pretrain.load_stand_in(prefix)
-  assert record["recipe"] == demo.stand_in_recipe(config, config.world)
+  assert record["recipe"] == stand_in.stand_in_recipe(config, config.world)
   assert record["command"].endswith(f"--config.world.seed={seed} --workdir=DIR")
   _, _, demo_vit_config = loading.build_backbone(config.backbone, config.seed)
   assert vit_config == demo_vit_config

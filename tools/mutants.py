@@ -135,7 +135,7 @@ MUTANTS: Sequence[Mutant] = (
              "mm = metrics.group_mean(auc, attr_group, num_groups)"),),
            ("tests/test_probe.py::test_synthetic_world_random_init_vit",),
            "the benchmark's PS computed from AUROC instead of mAP", slow=True),
-    Mutant("demo_summary_nmi_fg", "metonymy/demo.py",
+    Mutant("demo_summary_nmi_fg", "metonymy/demo/story.py",
            (('"nmi_single": single["NMI"],', '"nmi_single": single["NMI_fg"],'),),
            ("tests/test_demo.py::test_tiny_demo_writes_report_and_results",),
            "the demo's summary reports the foreground NMI as NMI", slow=True),

@@ -1,0 +1,144 @@
+"""The demo's stand-in for DINO: a tiny ViT pretrained on the world's image-level attributes
+(probe/pretrain.py), since a real DINO checkpoint neither fits the synthetic world nor runs in
+minutes on a CPU. Step 1 of the story (use a given backbone, reuse DIR/backbone, take the one
+shipped in metonymy/assets/ when it was made by exactly this recipe, else pretrain one) and the
+mode "stand_in" that remakes the shipped files."""
+
+import datetime
+import json
+import os
+from typing import Dict, Optional, Tuple
+
+from metonymy.demo import subjobs
+from metonymy.demo import text
+
+ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
+BACKBONE_DIR = "backbone"  # DIR/backbone: a converted backbone folder
+STAND_IN_FILE = "stand_in"  # DIR/backbone/stand_in.{npz,json}: the heads and the record
+
+
+def shipped_stand_in(world_seed: int) -> str:
+  """Path prefix of the stand-in shipped for a world seed (it may not exist)."""
+  return os.path.join(ASSETS, f"demo_stand_in_world{int(world_seed)}")
+
+
+def stand_in_recipe(config, world) -> Dict:
+  """Everything the stand-in is a function of: architecture, init seed, pretraining options and
+  the world its training images come from (the val/test sizes do not matter)."""
+  pre = {k: v for k, v in config.backbone_pretraining.to_dict().items() if k != "shipped"}
+  world = world.to_dict() if hasattr(world, "to_dict") else dict(world)
+  world = dict(world, splits={"train": int(dict(world["splits"])["train"])})
+  return json.loads(json.dumps({"arch": config.backbone.arch.to_dict(), "preset":
+                                config.backbone.preset, "seed": int(config.seed),
+                                "pretraining": pre, "world": world}))
+
+
+def pretrain_stand_in(config, world):
+  """(vit_config, pretrain.Pretrained, record): config.backbone initialised with config.seed and
+  pretrained on the world's training split (probe/pretrain.py)."""
+  from metonymy import loading
+  from metonymy.probe import benchmark
+  from metonymy.probe import job as probe_job
+  from metonymy.probe import pretrain
+  model, params, vit_config = loading.build_backbone(config.backbone, int(config.seed))
+  pre = config.backbone_pretraining
+  data_cfg = subjobs.with_world(config.benchmark, world).data
+  source, _, _ = benchmark.open_split(data_cfg, data_cfg.train, 0)
+  print(f"[demo] pretraining a ViT (patch {vit_config.patch_size}, width {vit_config.width}, "
+        f"depth {vit_config.depth}) at {vit_config.image_size} px for {int(pre.steps)} steps on "
+        f"{min(int(pre.images), len(source))} training images", flush=True)
+  transforms = benchmark.eval_transforms(vit_config, data_cfg)
+  trained = pretrain.pretrain(model, params, source, transforms, seed=int(config.seed),
+                              **probe_job.pretrain_options(pre))
+  record = {"recipe": stand_in_recipe(config, world),
+            "command": "python -m metonymy.main --config=configs/demo.py:stand_in "
+                       f"--config.world.seed={int(world.seed)} --workdir=DIR",
+            "date": datetime.datetime.now().isoformat(timespec="seconds")}
+  return vit_config, trained, record
+
+
+def stand_in_quality(config, world, vit_config, params, heads) -> Dict:
+  """The stand-in's own attribute mAP (CLS head, part read-out head) on the world's `val`
+  images, beside the constant predictor's, and how legible part identity is in its patch tokens
+  (`pretrain.part_legibility`)."""
+  from metonymy.models import vit
+  from metonymy.probe import benchmark
+  from metonymy.probe import pretrain
+  data_cfg = subjobs.with_world(config.benchmark, world).data
+  source, _, _ = benchmark.open_split(data_cfg, data_cfg.val, 0)
+  model = vit.VisionTransformer(vit_config)
+  transforms = benchmark.eval_transforms(vit_config, data_cfg)
+  quality = pretrain.head_quality(model, params, heads, source, transforms)
+  legibility = pretrain.part_legibility(model, params, source, transforms,
+                                        seed=int(config.seed))
+  quality.update(legibility or {})
+  return quality
+
+
+def pretrained_backbone(config, workdir: str, world) -> Tuple[str, Optional[Dict]]:
+  """Step 1: (the converted backbone folder the rest of the demo uses, its record or None).
+
+  A given checkpoint (config.benchmark.backbone.checkpoint) is used as is. Otherwise the stand-in
+  is DIR/backbone when present (a rerun), else the shipped one when made by this very recipe
+  (config.backbone_pretraining.shipped), else pretrained here; its record (recipe, loss curve,
+  and its quality on `val`, measured in this run) goes beside it.
+  """
+  from metonymy.checkpoints import store
+  from metonymy.probe import pretrain
+
+  given = config.benchmark.backbone.checkpoint
+  if given:
+    if not os.path.exists(given):
+      raise FileNotFoundError(f"config.benchmark.backbone.checkpoint={given!r} does not exist.")
+    print(f"[demo] using the given backbone {given}; no pretraining", flush=True)
+    return given, None
+  path = os.path.join(workdir, BACKBONE_DIR)
+  prefix = os.path.join(path, STAND_IN_FILE)
+  recipe = stand_in_recipe(config, world)
+  if store.is_converted(path) and os.path.exists(prefix + ".json"):
+    print(f"[demo] reusing the backbone pretrained earlier in {path}", flush=True)
+    vit_config, params, heads, record = pretrain.load_stand_in(prefix)
+  else:
+    shipped = shipped_stand_in(world.seed)
+    record = None
+    if config.backbone_pretraining.get("shipped") and os.path.exists(shipped + ".json"):
+      if pretrain.read_stand_in_record(shipped).get("recipe") == recipe:
+        vit_config, params, heads, record = pretrain.load_stand_in(shipped)
+        print(f"[demo] using the stand-in shipped in {shipped}.npz (made by this recipe: "
+              f"{record['command']})", flush=True)
+        record = dict(record, source=os.path.relpath(shipped, ASSETS))
+      else:
+        print(f"[demo] the shipped stand-in {shipped} was made by another recipe; "
+              "pretraining one here", flush=True)
+    if record is None:
+      vit_config, trained, record = pretrain_stand_in(config, world)
+      params, heads = trained.params, trained.heads
+      record["source"] = "pretrained in this run"
+    quality = stand_in_quality(config, world, vit_config, params, heads)
+    record = dict(record, quality_val=quality)
+    store.save_converted(path, vit_config, params, source=f"demo stand-in: {record['source']}")
+    trained = pretrain.Pretrained(params, heads, record.pop("loss_history", []),
+                                  record.pop("seconds", 0.0))
+    pretrain.save_stand_in(prefix, vit_config, trained, record)
+    print(f"[demo] saved the backbone to {path} (a converted folder: "
+          f"--config.backbone.checkpoint={path} works in every config)", flush=True)
+  quality = record.get("quality_val") or {}
+  print(f"[demo] the stand-in's own attribute mAP on val: CLS head "
+        f"{text.fmt(quality.get('cls/mAP'))}, part read-out {text.fmt(quality.get('parts/mAP'))} "
+        f"(constant predictor {text.fmt(quality.get('chance/mAP'))})", flush=True)
+  return path, record
+
+
+def run_stand_in(config, workdir: str) -> Dict:
+  """Mode "stand_in": pretrain the stand-in anew and write it to config.stand_in_output."""
+  from metonymy.probe import pretrain
+  if not config.stand_in_output:
+    raise ValueError("mode 'stand_in' needs config.stand_in_output (a path prefix).")
+  world = config.world
+  vit_config, trained, record = pretrain_stand_in(config, world)
+  record["quality_val"] = stand_in_quality(config, world, vit_config, trained.params,
+                                           trained.heads)
+  prefix = config.stand_in_output.format(seed=int(world.seed))
+  written = pretrain.save_stand_in(prefix, vit_config, trained, record)
+  print(f"[demo] wrote {', '.join(written)}; quality on val {record['quality_val']}", flush=True)
+  return record

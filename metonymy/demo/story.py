@@ -1,0 +1,155 @@
+"""Mode "story" (configs/demo.py): the paper's story end to end on one synthetic world.
+
+  1. the stand-in for DINO (stand_in.py), saved as DIR/backbone;
+  2. its leakage benchmark, ground-truth masks, late vs early masking (the probe job, in
+     DIR/benchmark);
+  3. single-stage and two-stage STE part discovery from it (the train job, in DIR/single and
+     DIR/two_stage_ste);
+  4. DIR/report.md and DIR/results.json gathering the numbers (report.py), and with
+     config.readme=PATH the README blocks (readme.py).
+
+Every number written is the one measured in this run; nothing is tuned to a story.
+"""
+
+import datetime
+import math
+import os
+import platform
+from typing import Dict, Optional
+
+from metonymy.demo import progress
+from metonymy.demo import readme
+from metonymy.demo import references
+from metonymy.demo import report
+from metonymy.demo import stand_in
+from metonymy.demo import subjobs
+from metonymy.demo import text
+
+
+def run_story(config, workdir: str) -> Dict:
+  steps = progress.Steps(4)
+  world = config.world
+  os.makedirs(workdir, exist_ok=True)
+  print(f"[demo] the synthetic parts world at {world.image_size} px, cross-part correlation "
+        f"{world.correlation:g}, splits {dict(world.splits)}; outputs in {workdir}", flush=True)
+
+  steps.begin("pretrain", "pretraining the stand-in for DINO")
+  backbone, stand_in_record = stand_in.pretrained_backbone(config, workdir, world)
+
+  steps.begin("benchmark", "leakage benchmark: ground-truth part masks, late vs early masking")
+  bench = subjobs.run_benchmark(config, backbone, os.path.join(workdir, subjobs.BENCHMARK_DIR),
+                                world)
+
+  steps.begin("part_discovery", "part discovery: single-stage, then two-stage STE")
+  trained = {}
+  for key, sub in (("single", config.single), ("two_stage", config.two_stage)):
+    print(f"[demo] training {key} ({sub.model.name}"
+          f"{', ' + sub.model.stage2.mask if 'stage2' in sub.model else ''}) for "
+          f"{sub.trainer.num_steps} steps at batch {sub.data.batch_size}", flush=True)
+    trained[key] = subjobs.run_training(sub, backbone,
+                                        os.path.join(workdir, subjobs.TRAIN_DIRS[key]), world)
+
+  steps.begin("report", "writing report.md and results.json")
+  chance = references.chance_map(subjobs.with_world(config.single, world).data)
+  priors = references.prior_costs(config, backbone, workdir, world)
+  seconds = steps.finish()
+  results = story_results(config, backbone, stand_in_record, bench, trained, seconds)
+  results["part_discovery"]["chance_mAP"] = chance
+  results["part_discovery"]["priors"] = priors
+  results["summary"]["map_chance"] = chance
+  written = report.write_story(workdir, config, results)
+  if config.readme:
+    if int(world.seed) == 0:  # The headline block is the default world's.
+      readme.write_results(config.readme, results)
+    readme.write_seed_row(config.readme, results)
+    written.append(config.readme)
+  print(f"[demo] done in {seconds['total']:.0f} s; wrote " + ", ".join(written), flush=True)
+  print(text.summary_line(results), flush=True)
+  for line in text.collapse_warnings(results):
+    print(f"[demo] WARNING: {line}", flush=True)
+  return results
+
+
+def story_results(config, backbone: str, stand_in_record: Optional[Dict], bench: Dict,
+                  trained: Dict[str, Dict], seconds: Dict[str, float]) -> Dict:
+  """The results.json object: world, backbone, benchmark, part discovery, timing."""
+  bench_keys = ("ps_late", "ps_early", "ps_gap", "causal_leakage_late", "causal_leakage_early",
+                "mppo_late", "mppo_early", "nmi_with_background", "ari_with_background")
+  benchmark = {k: bench.get(k) for k in bench_keys if k in bench}
+  benchmark.update({f"{k}_ci": bench[f"{k}_ci"] for k in bench_keys if f"{k}_ci" in bench})
+  first = bench["backbones"][bench["backbone"]]["seeds"][0]
+  benchmark.update({"map_matrix_late": bench.get("map_matrix_late"),
+                    "map_matrix_early": bench.get("map_matrix_early"),
+                    "part_names": first.get("part_names"), "groups": first.get("groups"),
+                    "num_train": first.get("num_train"), "num_val": first.get("num_val"),
+                    "num_test": first.get("num_test")})
+  single = _part_discovery(trained["single"])
+  two = _part_discovery(trained["two_stage"])
+  pretrained_here = not config.benchmark.backbone.checkpoint
+  record = stand_in_record or {}
+  return {
+      "job": "demo",
+      "world": config.world.to_dict(),
+      "backbone": {"path": os.path.abspath(backbone),
+                   "arch": config.backbone.arch.to_dict() if pretrained_here else None,
+                   "pretraining_steps": (int(config.backbone_pretraining.steps)
+                                         if pretrained_here else None),
+                   "source": record.get("source"),
+                   "quality_val": record.get("quality_val")},
+      "benchmark": benchmark,
+      "part_discovery": {
+          "single": single, "two_stage_ste": two,
+          "eval_split": config.single.data.eval_split,
+          "train_steps": {"single": int(config.single.trainer.num_steps),
+                          "two_stage_ste": int(config.two_stage.trainer.num_steps)}},
+      # The headline numbers, flat: what README's table shows.
+      "summary": {
+          "ps_late": benchmark.get("ps_late"), "ps_early": benchmark.get("ps_early"),
+          "causal_leakage_late": benchmark.get("causal_leakage_late"),
+          "causal_leakage_early": benchmark.get("causal_leakage_early"),
+          "map_single": single["mAP"].get("stage1"),
+          "map_two_stage_stage1": two["mAP"].get("stage1"),
+          "map_two_stage_stage2": two["mAP"].get("stage2"),
+          "map_two_stage_ensemble": two["mAP"].get("ensemble"),
+          "nmi_single": single["NMI"], "ari_single": single["ARI"],
+          "nmi_two_stage": two["NMI"], "ari_two_stage": two["ARI"],
+          "nmi_fg_single": single["NMI_fg"], "ari_fg_single": single["ARI_fg"],
+          "nmi_fg_two_stage": two["NMI_fg"], "ari_fg_two_stage": two["ARI_fg"],
+          "max_part_share_single": single["max_part_share"],
+          "max_part_share_two_stage": two["max_part_share"],
+          "collapsed": single["collapsed"] or two["collapsed"],
+          "stand_in_cls_map_val": (record.get("quality_val") or {}).get("cls/mAP")},
+      "seconds": seconds,
+      "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
+                  "backend": _backend()},
+      "date": datetime.datetime.now().isoformat(timespec="seconds"),
+  }
+
+
+def _part_discovery(scalars: Dict[str, float]) -> Dict:
+  """A train run's last evaluation, grouped: mAP/AUROC per head, NMI/ARI, part shares."""
+  heads = sorted({k.split("/")[0] for k in scalars if k.endswith("/mAP")})
+  out = {"step": scalars.get("step"),
+         "mAP": {h: _pick(scalars, f"{h}/mAP") for h in heads},
+         "AUROC": {h: _pick(scalars, f"{h}/AUROC") for h in heads}}
+  for k in ("NMI", "ARI", "NMI_fg", "ARI_fg"):
+    out[k] = _pick(scalars, f"parts/{k}")
+  out["num_examples"] = scalars.get("num_examples")
+  # Collapse watch (training/evaluate.py): each part's share of the evaluation patches.
+  shares = sorted((int(k.split("/")[1]), v) for k, v in scalars.items()
+                  if k.startswith("part_share/") and k.split("/")[1].isdigit())
+  out["part_share"] = [v for _, v in shares]
+  out["max_part_share"] = _pick(scalars, "part_share/max")
+  out["empty_parts"] = _pick(scalars, "part_share/num_empty")
+  out["collapsed"] = bool(scalars.get("collapsed", 0.0))
+  return out
+
+
+def _pick(d: Dict, key: str) -> Optional[float]:
+  v = d.get(key)
+  return None if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
+
+
+def _backend() -> str:
+  import jax
+  return f"{jax.default_backend()} x {jax.device_count()}"

@@ -1,0 +1,89 @@
+"""The jobs the demo drives (the probe job for the leakage benchmark, the train job for part
+discovery), each given the demo's world as its dataset options, and the readers of what a train
+job logs. The sub-jobs are the real ones, run on sub-configs, so the demo measures exactly what
+`python -m metonymy.main` would."""
+
+import json
+import os
+from typing import Dict
+
+import ml_collections
+
+# Where each sub-job writes, under the demo's workdir.
+BENCHMARK_DIR = "benchmark"
+TRAIN_DIRS = {"single": "single", "two_stage": "two_stage_ste"}
+
+
+def with_world(sub: ml_collections.ConfigDict, world) -> ml_collections.ConfigDict:
+  """A copy of a sub-job config whose dataset options are `world` (one source of truth)."""
+  sub = ml_collections.ConfigDict(sub.to_dict())
+  sub.data.options = world.to_dict() if hasattr(world, "to_dict") else dict(world)
+  return sub
+
+
+def run_benchmark(config, backbone: str, workdir: str, world, title: str = "") -> Dict:
+  """Step 2: the probe job on `backbone`; returns its results.json object."""
+  from metonymy import probe
+  sub = with_world(config.benchmark, world)
+  sub.backbone.checkpoint = os.path.abspath(backbone)
+  sub.backbone_pretraining.steps = 0  # the probe job pretrains random-init backbones only
+  if title:
+    sub.report.title = title
+  os.makedirs(workdir, exist_ok=True)
+  _write_config(sub, workdir)
+  return probe.run(sub, workdir)
+
+
+def run_training(sub, backbone: str, workdir: str, world) -> Dict[str, float]:
+  """Step 3: the train job from `backbone`; returns the last evaluation's scalars (read back
+  from metrics.jsonl, so a rerun that finds the run complete still reports them)."""
+  from metonymy.training import trainer
+  sub = with_world(sub, world)
+  sub.backbone.checkpoint = os.path.abspath(backbone)
+  os.makedirs(workdir, exist_ok=True)
+  _write_config(sub, workdir)
+  trainer.run(sub, workdir)
+  return last_eval(workdir)
+
+
+def last_eval(workdir: str) -> Dict[str, float]:
+  """{"<head>/mAP": ..., "parts/NMI": ..., "step": s}: the latest `eval/` record of a train
+  workdir's metrics.jsonl (the prefix dropped); non-finite values (stored as strings) -> NaN."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path} not found: the training run in {workdir} wrote no metrics.")
+  latest: Dict[str, float] = {}
+  with open(path) as f:
+    for line in f:
+      record = json.loads(line)
+      values = {k[len("eval/"):]: _float(v) for k, v in record.items() if k.startswith("eval/")}
+      if values:
+        latest = dict(values, step=int(record["step"]))
+  if not latest:
+    raise ValueError(f"{path} holds no evaluation: the run in {workdir} never evaluated.")
+  return latest
+
+
+def last_train_losses(workdir: str) -> Dict[str, float]:
+  """{"<term>": value}: the unweighted loss terms (`loss/<term>`) of the latest training record
+  of a train workdir's metrics.jsonl."""
+  latest: Dict[str, float] = {}
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    for line in f:
+      record = json.loads(line)
+      terms = {k[len("loss/"):]: _float(v) for k, v in record.items() if k.startswith("loss/")}
+      if terms:
+        latest = terms
+  return latest
+
+
+def _float(value) -> float:
+  try:
+    return float(value)
+  except (TypeError, ValueError):
+    return float("nan")
+
+
+def _write_config(sub, workdir: str) -> None:
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(sub.to_json_best_effort(indent=2))

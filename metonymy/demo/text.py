@@ -1,0 +1,134 @@
+"""The demo's numbers as text: number formatting, markdown tables, the paragraph that describes
+a run's setup, and the collapse warnings. One place, so report.md, README's block and the
+console show the same numbers the same way."""
+
+import math
+from typing import Dict, List, Optional
+
+from metonymy.demo import references
+
+
+def fmt(value, digits: int = 3) -> str:
+  """`value` to `digits` decimals; "n/a" for None and non-finite values."""
+  if value is None or (isinstance(value, float) and not math.isfinite(value)):
+    return "n/a"
+  return f"{value:.{digits}f}"
+
+
+def fmt_int(value) -> str:
+  return "n/a" if value is None else str(int(value))
+
+
+def with_ci(results_block: Dict, key: str, digits: int = 3) -> str:
+  """`results_block[key]` followed by its `<key>_ci` interval when there is one."""
+  value, ci = results_block.get(key), results_block.get(f"{key}_ci")
+  if ci and all(c is not None for c in ci):
+    return f"{fmt(value, digits)} [{fmt(ci[0], digits)}, {fmt(ci[1], digits)}]"
+  return fmt(value, digits)
+
+
+def table(header: List[str], rows: List[List[str]]) -> str:
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def results_tables(results: Dict) -> List[str]:
+  """The headline tables (markdown lines), shared by report.md and README: leakage, part
+  discovery, the stand-in's quality and the priors' costs, with blank lines between."""
+  b, pd = results["benchmark"], results["part_discovery"]
+  leak = table(["Masking", "PS (higher = part-specific)", "Causal leakage (0 = none)",
+                "MPPO"], [
+      ["late (pool a plain forward in the part mask)", with_ci(b, "ps_late"),
+       with_ci(b, "causal_leakage_late", 4), with_ci(b, "mppo_late")],
+      ["early (block-masked forward)", with_ci(b, "ps_early"),
+       with_ci(b, "causal_leakage_early", 4), with_ci(b, "mppo_early")]])
+  rows = []
+  for name, key, heads in (("single-stage", "single", ("stage1",)),
+                           ("two-stage STE", "two_stage_ste", ("stage1", "stage2", "ensemble"))):
+    r = pd[key]
+    label = {"stage1": "Stage 1 head", "stage2": "Stage 2 head (isolated parts)",
+             "ensemble": "ensemble (sum of logits)"}
+    for i, h in enumerate(heads):
+      parts = ([fmt(r["NMI"], 1), fmt(r["ARI"], 1), fmt(r["NMI_fg"], 1), fmt(r["ARI_fg"], 1),
+                fmt(r.get("max_part_share"), 2)] if i == 0 else ["", "", "", "", ""])
+      rows.append([name, label[h], fmt(r["mAP"].get(h))] + parts)
+  chance = pd.get("chance_mAP")
+  rows.append(["constant predictor", "(chance level)", fmt(chance), "0", "0", "0", "0", ""])
+  discovery = table(["Model", "Attribute head", "mAP", "NMI", "ARI", "NMI fg", "ARI fg",
+                     "largest part share"], rows)
+  quality = (results["backbone"].get("quality_val") or {})
+  rows = [["attribute mAP of its CLS head", fmt(quality.get("cls/mAP")),
+           fmt(quality.get("chance/mAP"))],
+          ["attribute mAP of its part read-out head", fmt(quality.get("parts/mAP")),
+           fmt(quality.get("chance/mAP"))]]
+  if "part_probe/balanced_accuracy" in quality:
+    rows += [["a patch token's part, logistic probe (balanced accuracy)",
+              fmt(quality["part_probe/balanced_accuracy"]), fmt(quality["part_probe/chance"])],
+             ["k-means on the foreground patch tokens vs the true parts (NMI x100)",
+              fmt(quality["kmeans_fg/NMI"], 1), "0"]]
+  stand_in = table(["Stand-in backbone, on `val`", "value", "chance level"],
+                   rows) if quality else ""
+  return [leak, "", discovery, "", stand_in, "", priors_table(pd.get("priors"))]
+
+
+def priors_table(priors: Optional[Dict[str, Dict]]) -> str:
+  """What the part-shaping priors charge (unweighted; lower is preferred) the ground-truth parts
+  on the patch grid and each model's maps at its last training step."""
+  if not priors:
+    return ""
+  rows = [[label, *(fmt(priors[key].get(name)) for name in references.MAP_PRIORS)]
+          for key, label in (("truth", "ground-truth parts on the patch grid (one-hot)"),
+                             ("single", "single-stage maps, last training batch"),
+                             ("two_stage_ste", "two-stage STE maps, last training batch"))
+          if key in priors]
+  return table(["Part-shaping priors (unweighted, lower = preferred)", "total variation",
+                "foreground presence", "background presence", "entropy"], rows)
+
+
+def describe(results: Dict) -> str:
+  """One paragraph: the world, the backbone, the benchmark and training sizes, the machine."""
+  w, pd = results["world"], results["part_discovery"]
+  b = results["benchmark"]
+  pre = results["backbone"]["pretraining_steps"]
+  arch = results["backbone"]["arch"] or {}
+  source = results["backbone"].get("source")
+  backbone = (f"a ViT (patch {arch.get('patch_size')}, width {arch.get('width')}, depth "
+              f"{arch.get('depth')}) pretrained for {pre} steps on the world's attributes"
+              f"{' (' + source + ')' if source else ''}" if pre is not None
+              else f"the backbone `{results['backbone']['path']}`")
+  return (f"Synthetic parts world (seed {w.get('seed', 0)}) at {w['image_size']} px, "
+          f"cross-part correlation {w['correlation']:g}; {backbone}. Benchmark: ground-truth "
+          f"part masks, train/val/test "
+          f"{b.get('num_train')}/{b.get('num_val')}/{b.get('num_test')} images, 95% bootstrap "
+          f"intervals over test images. Part discovery: {pd['train_steps']['single']} "
+          f"(single-stage) and {pd['train_steps']['two_stage_ste']} (two-stage STE) training "
+          f"steps, evaluated on the {fmt_int(pd['single'].get('num_examples'))} first "
+          f"`{pd['eval_split']}` images (NMI/ARI x100, keypoints vs argmax part; \"fg\": argmax "
+          f"over the foreground parts only; largest part share: the biggest share of the "
+          f"evaluation patches any part, background included, takes). Wall time "
+          f"{results['seconds']['total']:.0f} s on "
+          f"{results['machine']['cpu_count']} CPU core(s) ({results['machine']['backend']}).")
+
+
+def collapse_warnings(results: Dict) -> List[str]:
+  """One line per part-discovery model whose evaluation flagged a collapse."""
+  lines = []
+  for key, name in (("single", "single-stage"), ("two_stage_ste", "two-stage STE")):
+    r = results["part_discovery"][key]
+    if r.get("collapsed"):
+      shares = r.get("part_share") or []
+      lines.append(f"**Collapse** ({name}): a part holds {fmt(r.get('max_part_share'))} of the "
+                   f"evaluation patches or a part is empty ({fmt_int(r.get('empty_parts'))} "
+                   f"empty); shares (background last): {', '.join(fmt(v, 2) for v in shares)}.")
+  return lines
+
+
+def summary_line(results: Dict) -> str:
+  """The console's one-line summary of a story run."""
+  s = results["summary"]
+  return ("[demo] PS late {} / early {}; causal leakage late {} / early {}; mAP single {} / "
+          "two-stage stage 2 {} / ensemble {}; NMI single {} / two-stage {}").format(
+              fmt(s["ps_late"]), fmt(s["ps_early"]), fmt(s["causal_leakage_late"], 4),
+              fmt(s["causal_leakage_early"], 4), fmt(s["map_single"]),
+              fmt(s["map_two_stage_stage2"]), fmt(s["map_two_stage_ensemble"]),
+              fmt(s["nmi_single"], 1), fmt(s["nmi_two_stage"], 1))
