@@ -21,6 +21,7 @@ from metonymy import loading
 from metonymy.probe import benchmark
 from metonymy.probe import pretrain
 from metonymy.probe import report
+from metonymy.training import writers
 
 
 def backbone_entries(config) -> List[Tuple[str, object]]:
@@ -65,9 +66,9 @@ def run(config, workdir: str) -> Dict:
       else:
         model, params, vit_config = loading.build_backbone(backbone_cfg, seed)
         params = _maybe_pretrain(config, model, params, vit_config, int(seed))
-      print(f"[probe] {name} seed {seed}: {vit_config.depth} blocks, width {vit_config.width}, "
-            f"patch {vit_config.patch_size}, {config.data.dataset} at "
-            f"{config.data.image_size or vit_config.image_size} px", flush=True)
+      writers.console(f"[probe] {name} seed {seed}: {vit_config.depth} blocks, width "
+                      f"{vit_config.width}, patch {vit_config.patch_size}, {config.data.dataset} "
+                      f"at {config.data.image_size or vit_config.image_size} px")
       results, vis = benchmark.evaluate(name, model, params, vit_config,
                                         _with_backbone_maskings(config, backbone_cfg),
                                         seed=int(seed), cache_root=cache_root)
@@ -75,18 +76,18 @@ def run(config, workdir: str) -> Dict:
       visuals.setdefault(name, vis["leakage_examples"])
       arch[name] = {"width": vit_config.width, "patch_size": vit_config.patch_size,
                     "depth": vit_config.depth}
-      print(f"[probe] {name} seed {seed}: PS late {_f(results.get('ps_late'))}, early "
-            f"{_f(results.get('ps_early'))}; causal leakage late "
-            f"{_f(results.get('causal_leakage_late'), 4)}, early "
-            f"{_f(results.get('causal_leakage_early'), 4)}", flush=True)
+      writers.console(f"[probe] {name} seed {seed}: PS late {_f(results.get('ps_late'))}, early "
+                      f"{_f(results.get('ps_early'))}; causal leakage late "
+                      f"{_f(results.get('causal_leakage_late'), 4)}, early "
+                      f"{_f(results.get('causal_leakage_early'), 4)}")
     per_backbone[name] = per_seed
   if not per_backbone:
     raise ValueError(f"no backbone could run: {skipped}")
   results = report.build_results(config, per_backbone, skipped)
   results["seconds"] = time.perf_counter() - start
   written = report.write(workdir, config, results, visuals, arch)
-  print(f"[probe] wrote {len(written)} files to {workdir} in {results['seconds']:.0f} s: "
-        f"{', '.join(os.path.basename(p) for p in written)}", flush=True)
+  writers.console(f"[probe] wrote {len(written)} files to {workdir} in "
+                  f"{results['seconds']:.0f} s: {', '.join(os.path.basename(p) for p in written)}")
   return results
 
 
@@ -118,8 +119,8 @@ def _maybe_pretrain(config, model, params, vit_config, seed: int):
     return params
   pre = config.backbone_pretraining
   source, _, _ = benchmark.open_split(config.data, config.data.train, 0)
-  print(f"[probe] pretraining the random-init backbone for {steps} steps on {config.data.dataset}/"
-        f"{config.data.train}", flush=True)
+  writers.console(f"[probe] pretraining the random-init backbone for {steps} steps on "
+                  f"{config.data.dataset}/{config.data.train}")
   transforms = benchmark.eval_transforms(vit_config, config.data)
   return pretrain.pretrain(model, params, source, transforms, seed=seed,
                            **pretrain_options(pre)).params

@@ -10,6 +10,7 @@ from absl import logging
 
 from metonymy import distributed
 from metonymy import loading
+from metonymy.training import writers
 
 
 def run(config, workdir: str):
@@ -45,7 +46,7 @@ def run(config, workdir: str):
   if distributed.is_main_process():
     with open(os.path.join(workdir, "smoke.json"), "w") as f:
       json.dump(result, f, indent=2)
-  print(f"plain {timings['plain']:.3f}s, early {timings['early']:.3f}s; "
-        f"part-0 change under noise outside part 0: {leakage} (must be 0.0)")
+  writers.console(f"plain {timings['plain']:.3f}s, early {timings['early']:.3f}s; "
+                  f"part-0 change under noise outside part 0: {leakage} (must be 0.0)")
   if leakage != 0.0:
     raise RuntimeError(f"Early masking leaked: part 0 changed by {leakage}.")
