@@ -230,7 +230,7 @@ def config_differences(saved: Dict, new: Dict) -> List[str]:
 
 def check_config(workdir: str, config) -> None:
   """Raises ConfigMismatchError when WORKDIR/config.json is of another config (see module doc);
-  a workdir without one (new, or written by train.run directly) passes."""
+  a workdir without one (new, or written by training.trainer.run directly) passes."""
   path = os.path.join(workdir, CONFIG_FILE)
   if not os.path.exists(path):
     return
