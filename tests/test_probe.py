@@ -17,7 +17,6 @@ from metonymy import config_lib
 from metonymy import loading
 from metonymy.data import synthetic
 from metonymy.data import transforms as transforms_lib
-from metonymy.models import stage1
 from metonymy.models import vit
 from metonymy.probe import benchmark
 from metonymy.probe import cache as cache_lib
@@ -125,24 +124,24 @@ def test_file_masks_layouts_and_errors(tmp_path):
 
 
 def test_stage1_mask_source_adapts_part_masks(monkeypatch):
-  """The adapter around stage1.PartMasks (a stub here: training one is the Stage-1 tests' job)."""
+  """The adapter around stage1.PartMasks (a stub from loading.load_part_masks here: training one
+  is the Stage-1 tests' job)."""
   seen = {}
 
   class FakePartMasks:
     num_parts = 2
     meta = {"step": 7}
 
-    @classmethod
-    def from_workdir(cls, workdir):
-      seen["workdir"] = workdir
-      return cls()
-
     def pixel_labels(self, images, mean, std):
       seen["norm"] = (mean, std)
       b, h, w = images.shape[:3]
       return np.full((b, h, w), 2, np.int32), np.zeros((b, h, w), np.int32)
 
-  monkeypatch.setattr(stage1, "PartMasks", FakePartMasks)
+  def load_part_masks(workdir):
+    seen["workdir"] = workdir
+    return FakePartMasks()
+
+  monkeypatch.setattr(loading, "load_part_masks", load_part_masks)
   cfg = config_lib.part_masks("stage1", path="workdirs/cub_single")
   source = masks_lib.make_source(cfg, "test", 1, None, (0.5,) * 3, (0.25,) * 3)
   maps = source({"image": np.zeros((3, 8, 8, 3), np.float32)})
