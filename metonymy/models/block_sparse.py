@@ -26,6 +26,7 @@ raster order) the mask becomes block diagonal with contiguous blocks, which pays
 import math
 from typing import NamedTuple, Sequence, Tuple
 
+import einops
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -153,8 +154,8 @@ def tiled_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, group_ids: j
     k_win, v_win, g_win = take(kp, index), take(vp, index), take(groups, index)
     # Head-major products and the softmax normalised after the value product, as in
     # attention.xla_attention.
-    q_tiles = jnp.moveaxis(qp.reshape(batch, tiles, tile, heads, head_dim), 3, 2)  # [B,n,H,T,e]
-    k_win, v_win = (jnp.moveaxis(x, 3, 2) for x in (k_win, v_win))               # [B,n,H,W,e]
+    q_tiles = einops.rearrange(qp, "b (n t) h e -> b n h t e", t=tile)
+    k_win, v_win = (einops.rearrange(x, "b n w h e -> b n h w e") for x in (k_win, v_win))
     scale = np.float32(1.0 / np.sqrt(head_dim)).astype(q.dtype)
     logits = jnp.matmul(q_tiles * scale, jnp.swapaxes(k_win, -1, -2)).astype(jnp.float32)
     allowed = groups.reshape(batch, tiles, tile)[..., :, None] == g_win[..., None, :]
@@ -162,8 +163,7 @@ def tiled_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, group_ids: j
     weights = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))         # [B,n,H,T,W]
     out = jnp.matmul(weights.astype(q.dtype), v_win).astype(jnp.float32)
     out = (out / jnp.sum(weights, axis=-1, keepdims=True)).astype(q.dtype)
-    out = jnp.moveaxis(out, 2, 3)                                                 # [B,n,T,H,e]
-    return out.reshape(batch, padded, heads, head_dim)[:, :length]
+    return einops.rearrange(out, "b n h t e -> b (n t) h e")[:, :length]
 
   branches = [lambda *a, w=w: windowed(w, *a) for w in windows] + [dense]
   index = bucket_index(needed, windows + (padded,))

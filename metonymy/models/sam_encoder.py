@@ -36,6 +36,7 @@ import dataclasses
 import functools
 from typing import Any, Dict, Optional, Tuple
 
+import einops
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -196,12 +197,10 @@ def decomposed_rel_pos_bias(q: jnp.ndarray, table_h: jnp.ndarray, table_w: jnp.n
 
 def window_partition(x: jnp.ndarray, window: int, pad_value=0) -> jnp.ndarray:
   """[B, H, W, C] -> [B * nWindows, window * window, C], padded (zeros) to multiples of `window`."""
-  batch, height, width, channels = x.shape
+  height, width = x.shape[1:3]
   pad_h, pad_w = -height % window, -width % window
   x = jnp.pad(x, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)), constant_values=pad_value)
-  rows, cols = (height + pad_h) // window, (width + pad_w) // window
-  x = x.reshape(batch, rows, window, cols, window, channels).transpose(0, 1, 3, 2, 4, 5)
-  return x.reshape(batch * rows * cols, window * window, channels)
+  return einops.rearrange(x, "b (r h) (c w) d -> (b r c) (h w) d", h=window, w=window)
 
 
 PAD_GROUP = -1  # Group id of the windows' padding tokens.
@@ -218,9 +217,8 @@ def window_unpartition(windows: jnp.ndarray, window: int, grid: Tuple[int, int])
   """Inverse of `window_partition`: [B * nWindows, window * window, C] -> [B, H, W, C]."""
   height, width = grid
   rows, cols = -(-height // window), -(-width // window)
-  channels = windows.shape[-1]
-  x = windows.reshape(-1, rows, cols, window, window, channels).transpose(0, 1, 3, 2, 4, 5)
-  return x.reshape(-1, rows * window, cols * window, channels)[:, :height, :width]
+  x = einops.rearrange(windows, "(b r c) (h w) d -> b (r h) (c w) d", r=rows, c=cols, h=window)
+  return x[:, :height, :width]
 
 
 # ------------------------------------------------------------------------------------------------

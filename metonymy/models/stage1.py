@@ -21,6 +21,7 @@ part maps, part ids on any patch grid, or pixel labels (the leakage benchmark's 
 
 from typing import Any, Dict, Optional, Tuple
 
+import einops
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -79,7 +80,7 @@ class Stage1Head(nn.Module):
     scores = nn.Dense(self.num_attributes, name="head")(modulated[:, :-1])    # [B, K, A]
     scores = jnp.swapaxes(scores, 1, 2)                                        # [B, A, K]
     routing, predicted = route(scores)
-    to_maps = lambda x: jnp.moveaxis(x, -1, 1).reshape(batch, groups, height, width)
+    to_maps = lambda x: einops.rearrange(x, "b (h w) k -> b k h w", h=height, w=width)
     return {
         "maps": to_maps(attention),
         "part_logits": to_maps(logits),

@@ -31,6 +31,7 @@ evaluation adds their sum as the "ensemble" (Table S6).
 
 from typing import Any, Dict, Optional, Tuple
 
+import einops
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -53,8 +54,7 @@ def maps_to_patch_grid(maps: jnp.ndarray, grid: Tuple[int, int]) -> jnp.ndarray:
   if tuple(maps.shape[-2:]) != tuple(grid):
     maps = jax.image.resize(maps, maps.shape[:2] + tuple(grid), "bilinear")
     maps = maps / jnp.maximum(jnp.sum(maps, axis=1, keepdims=True), 1e-12)
-  batch, groups = maps.shape[:2]
-  return jnp.moveaxis(maps.reshape(batch, groups, -1), 1, -1)
+  return einops.rearrange(maps, "b k h w -> b (h w) k")
 
 
 class Stage2(nn.Module):
