@@ -1,7 +1,7 @@
 """The leakage benchmark (paper Sec. 3, 5.2): part masks, late / early part features, linear
 probes, PS / MPPO / NMI / ARI / causal leakage, reports. The job is `run(config, workdir)`.
 
-  masks      part masks from ground truth, files or (later) Stage 1, and the patch-grid rule
+  masks      part masks from ground truth, files or a trained Stage 1, and the patch-grid rule
   features   late / early masked part features of a frozen backbone (jitted)
   cache      resumable chunked on-disk arrays
   extract    one pass over a split into the cache

@@ -36,8 +36,8 @@ import numpy as np
 from metonymy.evaluation import metrics
 from metonymy.evaluation import part_metrics
 
-# One channel above this share of the evaluation patches is a collapse (issue 12: Stage 1 gave
-# 100% of the patches to the background).
+# One channel above this share of the evaluation patches is a collapse (e.g. Stage 1 giving
+# every patch to the background).
 COLLAPSE_SHARE = 0.9
 
 

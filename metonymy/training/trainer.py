@@ -2,9 +2,8 @@
 
   python -m metonymy.main --config=configs/synthetic_single.py:runlocal --workdir=/tmp/w
 
-What a model must provide is in models/stage1.py's docstring (init / apply / part_maps /
-param_groups, and a module-level `build(config, num_attributes) -> (model, frozen_params)`);
-`config.model.name` names the module under metonymy/models/. The objective is
+What a model must provide is models/part_model.py's PartModel (init / apply / part_maps /
+param_groups); `config.model.name` picks it in loading.build_model. The objective is
 objective.loss_fn, which sums the attribute loss of every logits head the model returns.
 
 The run, in order:
@@ -13,7 +12,9 @@ The run, in order:
   3. model + frozen backbone; the trainable state is initialized directly into its shardings;
   4. resume from WORKDIR/checkpoints if a checkpoint exists (parameters, optimizer, step, RNG and
      the data iterator's position), so a killed run continues bit-identically;
-  5. the loop: step, then logging (JSONL, TensorBoard, console with steps/s and ETA),
+  5. the loop: step, then logging (JSONL, TensorBoard, console with clu's steps/s and ETA; the
+     parameter table goes to the INFO log at start-up; config.trainer.profile_steps > 0 traces
+     that many steps with clu's Profile),
      checkpoints and evaluation at their intervals, checkpoints also every
      config.trainer.checkpoint_every_minutes; on SIGTERM / SIGUSR1 every process saves at the
      same next step and the run exits with status 75, "requeue me" (training/preemption.py).
