@@ -1,0 +1,40 @@
+"""training/writers.py's console progress: clu's ReportProgress measures steps/s between the steps
+it reports, without the time spent inside `pause()`, and imports without TensorFlow."""
+
+import os
+import subprocess
+import sys
+
+from metonymy.training import writers
+
+
+def test_progress_reports_on_log_steps_and_leaves_pauses_out(monkeypatch):
+  now = [100.0]
+  monkeypatch.setattr(writers.time, "monotonic", lambda: now[0])
+  progress = writers.Progress(total_steps=5, every_steps=2)
+  progress(1)  # The first timed step: the clock starts.
+  assert progress.line(1) == "- steps/s, ETA ?"
+  now[0] += 2.0
+  progress(2)  # Reported: 1 step in 2 s.
+  assert progress.line(2) == "0.50 steps/s, ETA 0m06s"
+  now[0] += 1.0
+  progress(3)
+  with progress.pause():  # An evaluation: not training time.
+    now[0] += 50.0
+  now[0] += 1.0
+  progress(4)  # 2 steps in 2 s of training.
+  assert progress.steps_per_second == 1.0
+  now[0] += 0.25
+  progress(5)  # The last step is reported although 5 % 2 != 0.
+  assert progress.line(5) == "4.00 steps/s, ETA 0m00s"
+
+
+def test_profiler_is_off_by_default(tmp_path):
+  assert writers.profiler(str(tmp_path), 0, 1) is None
+
+
+def test_clu_periodic_actions_import_without_tensorflow():
+  code = ("import sys; from metonymy.training import writers; writers._periodic_actions(); "
+          "assert 'tensorflow' not in sys.modules")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
