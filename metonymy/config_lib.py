@@ -306,6 +306,8 @@ def trainer(num_epochs: int = 30) -> ml_collections.ConfigDict:
       "checkpoint_every_minutes": 30.0,
       "keep_checkpoints": 2,
       "eval_images": 8,
+      # A JAX profiler trace of this many steps after the first (0 = off), in WORKDIR/tensorboard.
+      "profile_steps": 0,
   })
 
 

@@ -319,7 +319,7 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
         if progress is None:  # Time from here: the first step includes compilation.
           jax.block_until_ready(metrics)
           progress = writers.Progress(total_steps, log_every)
-          profile = writers.profiler(workdir, config.trainer.get("profile_steps", 0), step + 1)
+          profile = writers.profiler(workdir, config.trainer.profile_steps, step + 1)
         progress(step)
         if profile is not None:
           profile(step)

@@ -17,7 +17,9 @@ import json
 import logging as py_logging
 import math
 import os
+import sys
 import time
+import types
 from typing import Dict, Optional
 
 import numpy as np
@@ -116,26 +118,29 @@ class MetricWriter:
 
 
 def _periodic_actions():
-  """clu.periodic_actions, imported without TensorFlow.
+  """clu.periodic_actions, with or without TensorFlow.
 
   It imports clu.metric_writers, whose package imports its TensorFlow summary writer. metonymy
-  writes TensorBoard files with tensorboardX and uses none of clu's writers, so unless that module
-  is loaded already a placeholder stands in for it (constructing its SummaryWriter raises)."""
-  import sys
-  import types
+  writes TensorBoard files with tensorboardX and uses none of clu's writers, so where TensorFlow
+  is not installed a placeholder stands in for that one module (constructing its SummaryWriter
+  raises); where it is, clu's own is used."""
+  try:
+    from clu import periodic_actions
+    return periodic_actions
+  except ModuleNotFoundError as e:
+    if e.name != "tensorflow":
+      raise
   name = "clu.metric_writers.summary_writer"
-  if name not in sys.modules:
-    placeholder = types.ModuleType(name)
+  placeholder = types.ModuleType(name)
 
-    class SummaryWriter:
+  class SummaryWriter:
 
-      def __init__(self, *args, **kwargs):
-        raise ImportError("metonymy stands in for clu's TensorFlow SummaryWriter (it writes "
-                          "TensorBoard files with tensorboardX); import clu.metric_writers "
-                          "before metonymy.training.writers to use clu's.")
+    def __init__(self, *args, **kwargs):
+      raise ImportError("clu's SummaryWriter needs TensorFlow, which is not installed; metonymy "
+                        "writes TensorBoard files with tensorboardX.")
 
-    placeholder.SummaryWriter = SummaryWriter
-    sys.modules[name] = placeholder
+  placeholder.SummaryWriter = SummaryWriter
+  sys.modules[name] = placeholder
   from clu import periodic_actions
   return periodic_actions
 
