@@ -96,6 +96,9 @@ def test_short_run_lowers_the_loss_and_writes_everything(reference):
     assert -100.0 <= scalars[key] <= 100.0, key
   written = [r for r in rows if "eval/stage1/mAP" in r][-1]
   assert written["step"] == STEPS
+  with open(os.path.join(workdir, "parameters.txt")) as f:
+    tables = f.read()  # clu's tables: the head's prototypes and the frozen backbone's blocks.
+  assert "Trainable parameters" in tables and "prototypes" in tables and "blocks_0" in tables
   for key, value in scalars.items():
     assert written[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
   assert any(n.startswith("events.out.tfevents") for n in os.listdir(f"{workdir}/tensorboard"))

@@ -13,8 +13,8 @@ The run, in order:
   4. resume from WORKDIR/checkpoints if a checkpoint exists (parameters, optimizer, step, RNG and
      the data iterator's position), so a killed run continues bit-identically;
   5. the loop: step, then logging (JSONL, TensorBoard, console with clu's steps/s and ETA; the
-     parameter table goes to the INFO log at start-up; config.trainer.profile_steps > 0 traces
-     that many steps with clu's Profile),
+     parameter tables in WORKDIR/parameters.txt; config.trainer.profile_steps > 0 traces that
+     many steps with clu's Profile),
      checkpoints and evaluation at their intervals, checkpoints also every
      config.trainer.checkpoint_every_minutes; on SIGTERM / SIGUSR1 every process saves at the
      same next step and the run exits with status 75, "requeue me" (training/preemption.py).
@@ -195,8 +195,8 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
       f"Weight decay {optimizer.effective_weight_decay(config.optimizer, total_steps):.3g} "
       f"(config.optimizer.weight_decay {config.optimizer.weight_decay}, normalized: "
       f"{bool(config.optimizer.get('weight_decay_normalized', False))}, {total_steps} steps) on "
-      f"{num_decayed:,} of {parameter_overview.count_parameters(abstract_params):,} trainable parameters (2-D "
-      f"weights; no prototypes, norms, biases, prefix or position tokens).")
+      f"{num_decayed:,} of {parameter_overview.count_parameters(abstract_params):,} trainable "
+      f"parameters (2-D weights; no prototypes, norms, biases, prefix or position tokens).")
 
   def init_state(rng, frozen):
     params = model.init(rng, images, frozen)
@@ -258,12 +258,15 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
                     out_shardings=state_sh)(rng_init, frozen)
   step = int(jax.device_get(state.step))
   writer.trim(step)  # The killed run's records after the restored step would appear twice.
+  count = parameter_overview.count_parameters
   writers.console(
-      f"Training {config.model.name}: {parameter_overview.count_parameters(state.params):,} "
-      f"trainable parameters, {parameter_overview.count_parameters(frozen):,} frozen; {total_steps} steps ({steps_per_epoch}/epoch) at "
-      f"batch {batch_size} on {mesh.size} device(s) {dict(mesh.shape)}.")
-  writers.log_parameters("Trainable parameters:", state.params)
-  writers.log_parameters("Frozen parameters:", frozen)
+      f"Training {config.model.name}: {count(state.params):,} trainable parameters, "
+      f"{count(frozen):,} frozen; {total_steps} steps ({steps_per_epoch}/epoch) at batch "
+      f"{batch_size} on {mesh.size} device(s) {dict(mesh.shape)}.")
+  tables = writers.write_parameter_tables(workdir, {"Trainable parameters": state.params,
+                                                    "Frozen parameters": frozen})
+  if tables:
+    logging.info("Parameter tables: %s", tables)
 
   def predict(host_batch):
     batch = sharding.global_batch(inputs.device_keys(host_batch, inputs.EVAL_KEYS), batch_sh)

@@ -5,11 +5,11 @@
   WORKDIR/tensorboard/        event files (tensorboardX; `tensorboard --logdir WORKDIR`)
   WORKDIR/images/<name>_<step>.png
   WORKDIR/report.md           the latest evaluation in words (`write_text`, replaced each time)
+  WORKDIR/parameters.txt      the parameter tables of the run's start (clu.parameter_overview)
 
 Only process 0 writes; on other processes every method is a no-op. TensorBoard files come from
 tensorboardX because `clu.metric_writers` needs TensorFlow; the console's steps/s and ETA come from
-clu's ReportProgress, the optional trace from clu's Profile, the start-up parameter table from
-clu.parameter_overview.
+clu's ReportProgress, the optional trace from clu's Profile.
 """
 
 import contextlib
@@ -222,12 +222,20 @@ def stop_profiler() -> None:
     pass
 
 
-def log_parameters(title: str, params) -> None:
-  """The parameter table (name, shape, dtype, size; clu.parameter_overview) on process 0's INFO
-  log."""
+def write_parameter_tables(workdir: str, trees: Dict[str, object]) -> Optional[str]:
+  """WORKDIR/parameters.txt: one table per named tree (name, shape, dtype, size;
+  clu.parameter_overview), there to read rather than scrolling past on the console. Process 0
+  writes and returns the path; other processes return None."""
+  import jax
   from clu import parameter_overview
-  parameter_overview.log_parameter_overview(params, include_stats=False, msg=title,
-                                            jax_logging_process=0)
+  if jax.process_index() != 0:
+    return None
+  path = os.path.join(workdir, "parameters.txt")
+  with open(path, "w") as f:
+    for title, tree in trees.items():
+      table = parameter_overview.get_parameter_overview(tree, include_stats=False)
+      f.write(f"{title}\n{table}\n\n")
+  return path
 
 
 def console(message: str) -> None:
