@@ -6,9 +6,14 @@ import json
 import os
 from typing import Dict, Optional
 
+import jax
 import numpy as np
 
+from metonymy import data as data_lib
+from metonymy.checkpoints import store
 from metonymy.demo import subjobs
+from metonymy.probe import masks
+from metonymy.training import losses
 
 # The part-shaping priors that depend on the maps alone: objective.loss_fn's term name -> the
 # function in metonymy/training/losses.py.
@@ -19,7 +24,6 @@ MAP_PRIORS = {"total_variation": "total_variation", "foreground_presence": "fore
 def evaluated_examples(data_cfg):
   """(source, count): the split a train job evaluates on (`eval_split`) and how many of its first
   examples it scores (`eval_examples`, 0 = all)."""
-  from metonymy import data as data_lib
   options = data_cfg.options.to_dict() if hasattr(data_cfg.options, "to_dict") else dict(
       data_cfg.options)
   source = data_lib.make_source(data_cfg.dataset, data_cfg.root or None, data_cfg.eval_split,
@@ -34,9 +38,6 @@ def priors_of_the_truth(data_cfg, patch_size: int) -> Dict[str, float]:
   (the presence priors take a max over the batch) and averaged. A diagnostic only: compared with
   the trained maps' values (`subjobs.last_train_losses`), it says whether the priors, at this
   patch grid, prefer the true parts to what Stage 1 found."""
-  import jax
-  from metonymy.training import losses
-  from metonymy.probe import masks
   source, count = evaluated_examples(data_cfg)
   num_parts = len(source.info.part_names)
   labels = masks.segmentation_part_labels(
@@ -54,7 +55,6 @@ def prior_costs(config, backbone: str, workdir: str, world) -> Optional[Dict[str
   """{"truth" | "single" | "two_stage_ste": {prior: value}}: the map priors of the ground truth
   on the backbone's patch grid, and of each trained model's last training batch. None when the
   backbone's patch size is unknown (not a converted ViT folder)."""
-  from metonymy.checkpoints import store
   try:
     with open(os.path.join(backbone, store.ARCH_FILE)) as f:
       patch_size = int(json.load(f)["vit_config"]["patch_size"])

@@ -8,11 +8,11 @@ from typing import Dict, List
 
 from metonymy.demo import subjobs
 from metonymy.demo import text
+from metonymy.probe import report as probe_report
 
 
 def write_story(workdir: str, config, results: Dict) -> List[str]:
   """DIR/results.json and DIR/report.md; returns their paths."""
-  from metonymy.probe import report as probe_report
   path_json = os.path.join(workdir, "results.json")
   with open(path_json, "w") as f:
     json.dump(probe_report.sanitize(results), f, indent=2, allow_nan=False)

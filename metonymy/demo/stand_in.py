@@ -9,8 +9,15 @@ import json
 import os
 from typing import Dict, Optional, Tuple
 
+from metonymy import loading
+from metonymy.checkpoints import store
 from metonymy.demo import subjobs
 from metonymy.demo import text
+from metonymy.models import vit
+from metonymy.probe import benchmark
+from metonymy.probe import job as probe_job
+from metonymy.probe import pretrain
+from metonymy.training import writers
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
 BACKBONE_DIR = "backbone"  # DIR/backbone: a converted backbone folder
@@ -36,17 +43,14 @@ def stand_in_recipe(config, world) -> Dict:
 def pretrain_stand_in(config, world):
   """(vit_config, pretrain.Pretrained, record): config.backbone initialised with config.seed and
   pretrained on the world's training split (probe/pretrain.py)."""
-  from metonymy import loading
-  from metonymy.probe import benchmark
-  from metonymy.probe import job as probe_job
-  from metonymy.probe import pretrain
   model, params, vit_config = loading.build_backbone(config.backbone, int(config.seed))
   pre = config.backbone_pretraining
   data_cfg = subjobs.with_world(config.benchmark, world).data
   source, _, _ = benchmark.open_split(data_cfg, data_cfg.train, 0)
-  print(f"[demo] pretraining a ViT (patch {vit_config.patch_size}, width {vit_config.width}, "
-        f"depth {vit_config.depth}) at {vit_config.image_size} px for {int(pre.steps)} steps on "
-        f"{min(int(pre.images), len(source))} training images", flush=True)
+  writers.console(f"[demo] pretraining a ViT (patch {vit_config.patch_size}, width "
+                  f"{vit_config.width}, depth {vit_config.depth}) at {vit_config.image_size} px "
+                  f"for {int(pre.steps)} steps on {min(int(pre.images), len(source))} training "
+                  "images")
   transforms = benchmark.eval_transforms(vit_config, data_cfg)
   trained = pretrain.pretrain(model, params, source, transforms, seed=int(config.seed),
                               **probe_job.pretrain_options(pre))
@@ -61,9 +65,6 @@ def stand_in_quality(config, world, vit_config, params, heads) -> Dict:
   """The stand-in's own attribute mAP (CLS head, part read-out head) on the world's `val`
   images, beside the constant predictor's, and how legible part identity is in its patch tokens
   (`pretrain.part_legibility`)."""
-  from metonymy.models import vit
-  from metonymy.probe import benchmark
-  from metonymy.probe import pretrain
   data_cfg = subjobs.with_world(config.benchmark, world).data
   source, _, _ = benchmark.open_split(data_cfg, data_cfg.val, 0)
   model = vit.VisionTransformer(vit_config)
@@ -83,20 +84,18 @@ def pretrained_backbone(config, workdir: str, world) -> Tuple[str, Optional[Dict
   (config.backbone_pretraining.shipped), else pretrained here; its record (recipe, loss curve,
   and its quality on `val`, measured in this run) goes beside it.
   """
-  from metonymy.checkpoints import store
-  from metonymy.probe import pretrain
 
   given = config.benchmark.backbone.checkpoint
   if given:
     if not os.path.exists(given):
       raise FileNotFoundError(f"config.benchmark.backbone.checkpoint={given!r} does not exist.")
-    print(f"[demo] using the given backbone {given}; no pretraining", flush=True)
+    writers.console(f"[demo] using the given backbone {given}; no pretraining")
     return given, None
   path = os.path.join(workdir, BACKBONE_DIR)
   prefix = os.path.join(path, STAND_IN_FILE)
   recipe = stand_in_recipe(config, world)
   if store.is_converted(path) and os.path.exists(prefix + ".json"):
-    print(f"[demo] reusing the backbone pretrained earlier in {path}", flush=True)
+    writers.console(f"[demo] reusing the backbone pretrained earlier in {path}")
     vit_config, params, heads, record = pretrain.load_stand_in(prefix)
   else:
     shipped = shipped_stand_in(world.seed)
@@ -104,12 +103,12 @@ def pretrained_backbone(config, workdir: str, world) -> Tuple[str, Optional[Dict
     if config.backbone_pretraining.get("shipped") and os.path.exists(shipped + ".json"):
       if pretrain.read_stand_in_record(shipped).get("recipe") == recipe:
         vit_config, params, heads, record = pretrain.load_stand_in(shipped)
-        print(f"[demo] using the stand-in shipped in {shipped}.npz (made by this recipe: "
-              f"{record['command']})", flush=True)
+        writers.console(f"[demo] using the stand-in shipped in {shipped}.npz (made by this recipe: "
+                        f"{record['command']})")
         record = dict(record, source=os.path.relpath(shipped, ASSETS))
       else:
-        print(f"[demo] the shipped stand-in {shipped} was made by another recipe; "
-              "pretraining one here", flush=True)
+        writers.console(f"[demo] the shipped stand-in {shipped} was made by another recipe; "
+                        "pretraining one here")
     if record is None:
       vit_config, trained, record = pretrain_stand_in(config, world)
       params, heads = trained.params, trained.heads
@@ -120,18 +119,18 @@ def pretrained_backbone(config, workdir: str, world) -> Tuple[str, Optional[Dict
     trained = pretrain.Pretrained(params, heads, record.pop("loss_history", []),
                                   record.pop("seconds", 0.0))
     pretrain.save_stand_in(prefix, vit_config, trained, record)
-    print(f"[demo] saved the backbone to {path} (a converted folder: "
-          f"--config.backbone.checkpoint={path} works in every config)", flush=True)
+    writers.console(f"[demo] saved the backbone to {path} (a converted folder: "
+                    f"--config.backbone.checkpoint={path} works in every config)")
   quality = record.get("quality_val") or {}
-  print(f"[demo] the stand-in's own attribute mAP on val: CLS head "
-        f"{text.fmt(quality.get('cls/mAP'))}, part read-out {text.fmt(quality.get('parts/mAP'))} "
-        f"(constant predictor {text.fmt(quality.get('chance/mAP'))})", flush=True)
+  writers.console(f"[demo] the stand-in's own attribute mAP on val: CLS head "
+                  f"{text.fmt(quality.get('cls/mAP'))}, part read-out "
+                  f"{text.fmt(quality.get('parts/mAP'))} (constant predictor "
+                  f"{text.fmt(quality.get('chance/mAP'))})")
   return path, record
 
 
 def run_stand_in(config, workdir: str) -> Dict:
   """Mode "stand_in": pretrain the stand-in anew and write it to config.stand_in_output."""
-  from metonymy.probe import pretrain
   if not config.stand_in_output:
     raise ValueError("mode 'stand_in' needs config.stand_in_output (a path prefix).")
   world = config.world
@@ -140,5 +139,5 @@ def run_stand_in(config, workdir: str) -> Dict:
                                            trained.heads)
   prefix = config.stand_in_output.format(seed=int(world.seed))
   written = pretrain.save_stand_in(prefix, vit_config, trained, record)
-  print(f"[demo] wrote {', '.join(written)}; quality on val {record['quality_val']}", flush=True)
+  writers.console(f"[demo] wrote {', '.join(written)}; quality on val {record['quality_val']}")
   return record

@@ -17,6 +17,8 @@ import os
 import platform
 from typing import Dict, Optional
 
+import jax
+
 from metonymy.demo import progress
 from metonymy.demo import readme
 from metonymy.demo import references
@@ -24,14 +26,16 @@ from metonymy.demo import report
 from metonymy.demo import stand_in
 from metonymy.demo import subjobs
 from metonymy.demo import text
+from metonymy.training import writers
 
 
 def run_story(config, workdir: str) -> Dict:
   steps = progress.Steps(4)
   world = config.world
   os.makedirs(workdir, exist_ok=True)
-  print(f"[demo] the synthetic parts world at {world.image_size} px, cross-part correlation "
-        f"{world.correlation:g}, splits {dict(world.splits)}; outputs in {workdir}", flush=True)
+  writers.console(f"[demo] the synthetic parts world at {world.image_size} px, cross-part "
+                  f"correlation {world.correlation:g}, splits {dict(world.splits)}; outputs in "
+                  f"{workdir}")
 
   steps.begin("pretrain", "pretraining the stand-in for DINO")
   backbone, stand_in_record = stand_in.pretrained_backbone(config, workdir, world)
@@ -43,9 +47,9 @@ def run_story(config, workdir: str) -> Dict:
   steps.begin("part_discovery", "part discovery: single-stage, then two-stage STE")
   trained = {}
   for key, sub in (("single", config.single), ("two_stage", config.two_stage)):
-    print(f"[demo] training {key} ({sub.model.name}"
-          f"{', ' + sub.model.stage2.mask if 'stage2' in sub.model else ''}) for "
-          f"{sub.trainer.num_steps} steps at batch {sub.data.batch_size}", flush=True)
+    writers.console(f"[demo] training {key} ({sub.model.name}"
+                    f"{', ' + sub.model.stage2.mask if 'stage2' in sub.model else ''}) for "
+                    f"{sub.trainer.num_steps} steps at batch {sub.data.batch_size}")
     trained[key] = subjobs.run_training(sub, backbone,
                                         os.path.join(workdir, subjobs.TRAIN_DIRS[key]), world)
 
@@ -63,10 +67,10 @@ def run_story(config, workdir: str) -> Dict:
       readme.write_results(config.readme, results)
     readme.write_seed_row(config.readme, results)
     written.append(config.readme)
-  print(f"[demo] done in {seconds['total']:.0f} s; wrote " + ", ".join(written), flush=True)
-  print(text.summary_line(results), flush=True)
+  writers.console(f"[demo] done in {seconds['total']:.0f} s; wrote " + ", ".join(written))
+  writers.console(text.summary_line(results))
   for line in text.collapse_warnings(results):
-    print(f"[demo] WARNING: {line}", flush=True)
+    writers.console(f"[demo] WARNING: {line}")
   return results
 
 
@@ -151,5 +155,4 @@ def _pick(d: Dict, key: str) -> Optional[float]:
 
 
 def _backend() -> str:
-  import jax
   return f"{jax.default_backend()} x {jax.device_count()}"

@@ -9,6 +9,9 @@ from typing import Dict
 
 import ml_collections
 
+from metonymy import probe
+from metonymy.training import trainer
+
 # Where each sub-job writes, under the demo's workdir.
 BENCHMARK_DIR = "benchmark"
 TRAIN_DIRS = {"single": "single", "two_stage": "two_stage_ste"}
@@ -23,7 +26,6 @@ def with_world(sub: ml_collections.ConfigDict, world) -> ml_collections.ConfigDi
 
 def run_benchmark(config, backbone: str, workdir: str, world, title: str = "") -> Dict:
   """Step 2: the probe job on `backbone`; returns its results.json object."""
-  from metonymy import probe
   sub = with_world(config.benchmark, world)
   sub.backbone.checkpoint = os.path.abspath(backbone)
   sub.backbone_pretraining.steps = 0  # the probe job pretrains random-init backbones only
@@ -37,7 +39,6 @@ def run_benchmark(config, backbone: str, workdir: str, world, title: str = "") -
 def run_training(sub, backbone: str, workdir: str, world) -> Dict[str, float]:
   """Step 3: the train job from `backbone`; returns the last evaluation's scalars (read back
   from metrics.jsonl, so a rerun that finds the run complete still reports them)."""
-  from metonymy.training import trainer
   sub = with_world(sub, world)
   sub.backbone.checkpoint = os.path.abspath(backbone)
   os.makedirs(workdir, exist_ok=True)

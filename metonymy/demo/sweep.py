@@ -18,6 +18,8 @@ from metonymy.demo import progress
 from metonymy.demo import stand_in
 from metonymy.demo import subjobs
 from metonymy.demo import text
+from metonymy.probe import report as probe_report
+from metonymy.training import writers
 
 SWEEP_PNG = "ps_vs_correlation.png"
 
@@ -49,13 +51,12 @@ def run_sweep(config, workdir: str) -> Dict:
              "world": config.world.to_dict(), "points": points, "seconds": seconds,
              "date": datetime.datetime.now().isoformat(timespec="seconds")}
   written = write_sweep(workdir, results)
-  print(f"[demo] sweep done in {seconds['total']:.0f} s; wrote " + ", ".join(written), flush=True)
+  writers.console(f"[demo] sweep done in {seconds['total']:.0f} s; wrote " + ", ".join(written))
   return results
 
 
 def write_sweep(workdir: str, results: Dict) -> List[str]:
   """The plot, DIR/results.json and DIR/report.md; returns their paths."""
-  from metonymy.probe import report as probe_report
   png = os.path.join(workdir, SWEEP_PNG)
   plots.plot_sweep(png, results["points"])
   path_json = os.path.join(workdir, "results.json")
