@@ -12,8 +12,6 @@ from metonymy import config_lib
 from metonymy import loading
 from metonymy.models import attention
 from metonymy.models import attention_masks
-from metonymy.models import stage1
-from metonymy.models import two_stage
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,7 +1,6 @@
 """The stand-in backbone's pretraining (metonymy/probe/pretrain.py) and the stand-ins shipped for
 the demo (metonymy/assets/)."""
 
-import json
 import os
 
 import jax

@@ -9,7 +9,6 @@ import pytest
 from metonymy import config_lib
 from metonymy import loading
 from metonymy.training import objective
-from metonymy.models import stage1
 from tests import compile_cache
 
 compile_cache.enable()

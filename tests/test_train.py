@@ -19,7 +19,6 @@ import pytest
 from metonymy import loading
 from metonymy.training import losses
 from metonymy.training import trainer
-from metonymy.models import stage1
 from metonymy.training import run_state
 from metonymy.training import sharding
 from tests import compile_cache

@@ -31,8 +31,6 @@ unchanged; swapping keeps the names right (the mirrored bird's left wing is the 
 
 from typing import Dict, Tuple
 
-import numpy as np
-
 # ------------------------------------------------------------------------------------------------
 # CUB-200-2011
 

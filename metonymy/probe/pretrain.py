@@ -33,16 +33,27 @@ flips and, with `augment="affine"`, random rotations, shifts and scalings (AUGME
 """
 
 import dataclasses
+import json
 import os
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from absl import logging
+from flax import traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from absl import logging
+from sklearn import cluster
+from sklearn import linear_model
+from sklearn import metrics as sk_metrics
+from tqdm.auto import tqdm
 
+from metonymy import checkpoints
+from metonymy.evaluation import metrics
+from metonymy.models import vit
+from metonymy.probe import masks
+from metonymy.training import geometry
 from metonymy.training import optimizer as optimizer_lib
 
 HEADS = ("cls", "parts")
@@ -58,7 +69,6 @@ AFFINE_RANGES = {"max_degrees": 90.0, "max_translate": 0.11, "scale_range": (0.8
 def random_affine_warp(images: jnp.ndarray, rng: jax.Array) -> jnp.ndarray:
   """images [B, H, W, C], each moved by its own random similarity (AFFINE_RANGES); what comes
   from outside the frame reads 0 (the normalized mean colour)."""
-  from metonymy.training import geometry
   keys = jax.random.split(rng, images.shape[0])
   transforms = jax.vmap(lambda key: geometry.sample_affine(key, **AFFINE_RANGES))(keys)
   return jax.vmap(lambda image, t: geometry.warp_images(image[None], t)[0])(images, transforms)
@@ -181,7 +191,6 @@ def pretrain(model, params, source, transforms, *, steps: int, batch_size: int =
   augment_rng = jax.random.PRNGKey(seed + 1)
   bar = None
   if progress:
-    from tqdm.auto import tqdm
     bar = tqdm(total=steps, desc="pretrain backbone", unit="step", dynamic_ncols=True)
   history, value = [], float("nan")
   for i in range(steps):
@@ -210,7 +219,6 @@ def head_quality(model, params, heads, source, transforms, *, images: int = 500,
   """The pretrained backbone's own attribute mAP per head on (held-out) `source`, beside the
   chance level (a constant score's AP is the attribute's positive rate):
   {"cls/mAP", "parts/mAP", "chance/mAP", "images"}. Attributes without a positive are skipped."""
-  from metonymy.evaluation import metrics
   x, y, valid = load_examples(source, images, transforms)
   mean_ap = lambda scores: float(np.nanmean(metrics.average_precision(scores, y, valid)))
   attribute_part = tuple(source.info.attribute_part)
@@ -240,10 +248,6 @@ def part_legibility(model, params, source, transforms, *, images: int = 400,
     kmeans_fg/NMI                 k-means with K clusters on the foreground tokens, x100 against
                                   the true parts: are the parts what dominates the tokens' geometry
   """
-  from sklearn import cluster
-  from sklearn import linear_model
-  from sklearn import metrics as sk_metrics
-  from metonymy.probe import masks
   count = min(images, len(source))
   fit_images = int(count * fit_fraction)
   if not 0 < fit_images < count or "part_segmentation" not in source[0]:
@@ -280,9 +284,6 @@ def part_legibility(model, params, source, transforms, *, images: int = 400,
 
 def save_stand_in(prefix: str, vit_config, pretrained: Pretrained, record: Dict) -> List[str]:
   """Writes PREFIX.npz and PREFIX.json; returns their paths."""
-  import json
-  import os
-  from flax import traverse_util
   arrays = {f"params/{k}": np.asarray(v) for k, v in
             traverse_util.flatten_dict(jax.device_get(pretrained.params), sep="/").items()}
   arrays.update({f"heads/{k}": np.asarray(v) for k, v in
@@ -299,7 +300,6 @@ def save_stand_in(prefix: str, vit_config, pretrained: Pretrained, record: Dict)
 
 def read_stand_in_record(prefix: str) -> Dict:
   """PREFIX.json of a saved stand-in (its recipe, command, quality); the arrays are not read."""
-  import json
   for path in (prefix + ".npz", prefix + ".json"):
     if not os.path.exists(path):
       raise FileNotFoundError(f"{path} not found: no stand-in backbone saved under {prefix}.")
@@ -310,9 +310,6 @@ def read_stand_in_record(prefix: str) -> Dict:
 def load_stand_in(prefix: str):
   """(vit_config, params, heads, record) of a stand-in saved by `save_stand_in`; the arrays are
   checked against the architecture's shapes, naming any key that does not fit."""
-  from flax import traverse_util
-  from metonymy import checkpoints
-  from metonymy.models import vit
   record = read_stand_in_record(prefix)
   vit_config = vit.ViTConfig.from_dict(record["vit_config"])
   with np.load(prefix + ".npz") as data:
