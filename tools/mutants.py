@@ -38,7 +38,7 @@ class Mutant:
 
 
 MUTANTS: Sequence[Mutant] = (
-    # The six of issue 15's table.
+    # The science's invariants: PS sign, early masking, GELU parity, groupings, STE, soft bias.
     Mutant("ps_sign", "metonymy/evaluation/part_metrics.py",
            (("ps_g = mean_plus - mean_minus", "ps_g = mean_minus - mean_plus"),),
            ("tests/test_evaluation_metrics.py::test_part_specificity_hand_computed",),
