@@ -4,8 +4,8 @@ hard forward, soft gradient (zero leakage, trainable end to end).
   python -m metonymy.main --config=configs/folder_ste.py[:runlocal] --config.data.root=DIR \
       --workdir=DIR
 
-Data, K, losses, optimizer and schedule are configs/folder_single.py's; only `model`
-differs (tests/test_configs.py checks it). `runlocal`: the CPU smoke run.
+Everything but `model` (data, K, losses, optimizer, schedule, `runlocal`) is
+configs/folder_single.py's.
 """
 
 import ml_collections
@@ -14,20 +14,5 @@ from metonymy import config_lib
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-  arg = config_lib.parse_arg(arg, runlocal=False)
-  image_size = 224
-  config = ml_collections.ConfigDict()
-  config.job = "train"
-  config.seed = 0
-  config.backbone = config_lib.backbone("vit_b16_dinov3", checkpoint="converted/dinov3_vitb16",
-                                        image_size=image_size)
-  config.data = config_lib.train_data("folder", image_size=image_size, train_split="train",
-                                      eval_split="val")
-  config.model = config_lib.two_stage_model(num_parts=8, mask="ste")
-  config.loss = config_lib.part_losses()
-  config.optimizer = config_lib.part_optimizer()
-  config.trainer = config_lib.trainer(num_epochs=30)
-  config.mesh = config_lib.mesh()
-  if arg.runlocal:
-    config_lib.shrink_for_cpu(config)
-  return config
+  single = config_lib.load_sibling_config(__file__, "folder_single", arg)
+  return config_lib.two_stage(single, mask="ste")

@@ -11,6 +11,7 @@ with its values on the page, so a config file shows every block of its run as on
 Nothing here imports JAX or Flax: a config loads without an accelerator stack.
 """
 
+import copy
 import importlib.util
 import os
 
@@ -370,7 +371,7 @@ def two_stage(config: ml_collections.ConfigDict, mask: str,
               **stage2) -> ml_collections.ConfigDict:
   """A copy of the single-stage training `config` with `two_stage_model(mask, **stage2)` at its
   K and temperature in place of Stage 1 alone."""
-  config = ml_collections.ConfigDict(config.to_dict())
+  config = copy.deepcopy(config)  # Keeps the key order (a to_dict round trip sorts it).
   config.model = two_stage_model(config.model.num_parts, mask,
                                  temperature=config.model.temperature, **stage2)
   return config
