@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from metonymy import checkpoints
+from metonymy.models import part_model
 from metonymy.models import sam_encoder
 from metonymy.models import stage1
 from metonymy.models import two_stage
@@ -71,7 +72,8 @@ def _load_backbone(config: ml_collections.ConfigDict, seed: int):
   return model, params, arch
 
 
-def build_model(config: ml_collections.ConfigDict, num_attributes: int) -> Tuple[Any, Any]:
+def build_model(config: ml_collections.ConfigDict,
+                num_attributes: int) -> Tuple[part_model.PartModel, Any]:
   """(model, frozen backbone parameters) for a config with `backbone`, `model` and `seed`;
   `config.model.name` picks the model ("stage1" or "two_stage")."""
   name = config.model.name

@@ -1,5 +1,7 @@
 """Stage 1: maps, pooling, the shared LayerNorm, routing, frozen backbone, the objective."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -8,6 +10,7 @@ import pytest
 
 from metonymy import config_lib
 from metonymy import loading
+from metonymy.models import part_model
 from metonymy.training import objective
 from tests import compile_cache
 
@@ -119,3 +122,19 @@ def test_objective_terms_and_zero_weights(setup):
   config.weights.entropy = -1.0
   with pytest.raises(ValueError, match="weights.entropy"):
     objective.check_config(config)
+
+
+def test_both_models_keep_the_part_model_contract():
+  configs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+  config = config_lib.load_config(os.path.join(configs, "synthetic_ste.py"), "runlocal")
+  two_stage_model, _ = loading.build_model(config, num_attributes=4)
+  config.model.name = "stage1"
+  stage1_model, _ = loading.build_model(config, num_attributes=4)
+  for model in (stage1_model, two_stage_model):
+    assert isinstance(model, part_model.PartModel), type(model).__name__
+
+  class NoMaps:  # What the check exists for: a model without part_maps is not a PartModel.
+    backbone, num_parts = stage1_model.backbone, 3
+    init = apply = param_groups = staticmethod(lambda *a, **k: None)
+
+  assert not isinstance(NoMaps(), part_model.PartModel)

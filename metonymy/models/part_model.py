@@ -1,7 +1,7 @@
 """The contract every part-discovery model keeps (Stage 1, two-stage); the trainer, the
 objective and `loading.load_part_masks` are typed against it, not against a class."""
 
-from typing import Any, Dict, Optional, Protocol
+from typing import Any, Dict, Optional, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from metonymy.models import vit
 
 
+@runtime_checkable
 class PartModel(Protocol):
   """A frozen backbone plus trainable parameters that make part maps and attribute logits.
 

@@ -14,6 +14,7 @@ from typing import Any, Dict, Tuple
 import jax
 import jax.numpy as jnp
 
+from metonymy.models import part_model
 from metonymy.training import geometry
 from metonymy.training import losses
 
@@ -43,7 +44,7 @@ def check_config(loss_config) -> None:
                      f"{loss_config.orthogonality_on!r}")
 
 
-def loss_fn(model, params, frozen, batch: Dict[str, jnp.ndarray], rng: jax.Array,
+def loss_fn(model: part_model.PartModel, params, frozen, batch: Dict[str, jnp.ndarray], rng: jax.Array,
             loss_config) -> Tuple[jnp.ndarray, Dict[str, Any]]:
   """(total loss, metrics) of one training batch.
 

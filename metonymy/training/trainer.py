@@ -35,7 +35,7 @@ evaluation rewrites with its numbers.
 import functools
 import json
 import os
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 from absl import logging
 from clu import parameter_overview
@@ -50,6 +50,7 @@ from jax.experimental import multihost_utils
 from metonymy import loading
 from metonymy.checkpoints import store
 from metonymy.data import pipeline
+from metonymy.models import part_model
 from metonymy.training import evaluate
 from metonymy.training import inputs
 from metonymy.training import objective
@@ -91,7 +92,8 @@ def _batch_sizes(config, mesh) -> int:
   return global_batch
 
 
-def _load_model(config, workdir: str, num_attributes: int):
+def _load_model(config, workdir: str,
+                num_attributes: int) -> Tuple[part_model.PartModel, Any]:
   """(model, frozen params); a random-init backbone is saved once and reloaded on resume."""
   if config.backbone.checkpoint and not os.path.exists(config.backbone.checkpoint):
     raise FileNotFoundError(
