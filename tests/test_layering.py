@@ -107,3 +107,13 @@ def test_a_config_loads_without_jax_or_flax():
           "heavy = sorted(m for m in ('jax', 'flax', 'orbax', 'torch') if m in sys.modules)\n"
           "assert not heavy, heavy\n")
   subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
+
+
+def test_importing_the_package_leaves_matplotlibs_backend_alone():
+  # A notebook (colabs/) shows figures inline: a library that switches the backend to Agg on
+  # import silently hides every figure after it.
+  code = ("import matplotlib\n"
+          "matplotlib.use('svg')\n"
+          "import metonymy.demo, metonymy.probe.plots, metonymy.training.evaluate\n"
+          "assert matplotlib.get_backend() == 'svg', matplotlib.get_backend()\n")
+  subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=300)

@@ -6,13 +6,12 @@ from typing import Dict, List
 
 import numpy as np
 
+from metonymy.probe import plots as probe_plots
+
 
 def plot_sweep(path: str, points: List[Dict]) -> None:
   """PS against correlation, late and early masking, with bootstrap intervals when present."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, ax = plt.subplots(figsize=(5.2, 3.8))
+  fig, ax = probe_plots.subplots(figsize=(5.2, 3.8))
   x = np.array([p["correlation"] for p in points])
   for masking, color, marker in (("late", "tab:red", "o"), ("early", "tab:blue", "s")):
     y = np.array([np.nan if p.get(f"ps_{masking}") is None else p[f"ps_{masking}"]
@@ -31,4 +30,3 @@ def plot_sweep(path: str, points: List[Dict]) -> None:
   ax.legend()
   fig.tight_layout()
   fig.savefig(path, dpi=120)
-  plt.close(fig)

@@ -1,4 +1,5 @@
-"""Figures of the leakage benchmark (matplotlib, Agg backend: no display needed).
+"""Figures of the leakage benchmark, written as PNG files (matplotlib Figure objects, not
+pyplot: no display, no global backend switch for the program that imports this).
 
   contingency_heatmap   Fig. S5a: discovered parts x ground-truth groups (+ background row)
   map_matrices          Fig. S5c-f: mAP^k_g, late and early side by side (colour: column-normalized)
@@ -11,10 +12,16 @@ import warnings
 from typing import Dict, List, Optional, Sequence
 
 import matplotlib
+from matplotlib import patches
+from matplotlib.figure import Figure
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+
+def subplots(nrows: int = 1, ncols: int = 1, *, figsize, **kwargs):
+  """(figure, axes) like pyplot.subplots, on a Figure that no pyplot state holds (savefig writes
+  it with the Agg canvas; nothing needs closing)."""
+  fig = Figure(figsize=figsize)
+  return fig, fig.subplots(nrows, ncols, **kwargs)
 
 
 def _array(x) -> np.ndarray:
@@ -35,13 +42,13 @@ def contingency_heatmap(path: str, contingency, part_names: Sequence[str],
                         group_names: Sequence[str], assignment=None, tau: Optional[float] = None):
   c = _array(contingency)
   rows = list(part_names) + ["background"]
-  fig, ax = plt.subplots(figsize=(1.0 + 0.8 * len(group_names), 1.0 + 0.45 * len(rows)))
+  fig, ax = subplots(figsize=(1.0 + 0.8 * len(group_names), 1.0 + 0.45 * len(rows)))
   ax.imshow(np.nan_to_num(c), cmap="Blues", vmin=0, vmax=1)
   _annotate(ax, c, np.nan_to_num(c) > 0.6)
   if assignment is not None:
     a = np.asarray(assignment, bool)
     for i, j in zip(*np.nonzero(a)):
-      ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", lw=1.5))
+      ax.add_patch(patches.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", lw=1.5))
   ax.set_xticks(range(len(group_names)), group_names, rotation=45, ha="right")
   ax.set_yticks(range(len(rows)), rows)
   title = "Spatial contingency c[k, g]"
@@ -50,14 +57,13 @@ def contingency_heatmap(path: str, contingency, part_names: Sequence[str],
   ax.set_title(title, fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
-  plt.close(fig)
 
 
 def map_matrices(path: str, matrices: Dict[str, object], part_names: Sequence[str],
                  group_names: Sequence[str], assignment=None, title: str = ""):
   """matrices: masking -> [K, G] mAP; cells coloured by column-normalized mAP (as Fig. S5)."""
   names = list(matrices)
-  fig, axes = plt.subplots(1, len(names), figsize=(0.5 + 0.75 * len(group_names) * len(names) + 1,
+  fig, axes = subplots(1, len(names), figsize=(0.5 + 0.75 * len(group_names) * len(names) + 1,
                                                    1.2 + 0.42 * len(part_names)), squeeze=False)
   for ax, masking in zip(axes[0], names):
     m = _array(matrices[masking])
@@ -71,7 +77,7 @@ def map_matrices(path: str, matrices: Dict[str, object], part_names: Sequence[st
     _annotate(ax, m, (shade > 0.85) | (shade < 0.15))
     if assignment is not None:
       for i, j in zip(*np.nonzero(np.asarray(assignment, bool))):
-        ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", lw=1.5))
+        ax.add_patch(patches.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", lw=1.5))
     ax.set_xticks(range(len(group_names)), group_names, rotation=45, ha="right")
     ax.set_yticks(range(len(part_names)), part_names)
     ax.set_title(f"{masking} masking", fontsize=9)
@@ -79,7 +85,6 @@ def map_matrices(path: str, matrices: Dict[str, object], part_names: Sequence[st
                fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
-  plt.close(fig)
 
 
 def ps_scatter(path: str, matrices: Dict[str, object], assignment, group_names: Sequence[str],
@@ -87,7 +92,7 @@ def ps_scatter(path: str, matrices: Dict[str, object], assignment, group_names: 
   """Fig. S6: for every group (x), the mAP of every part on it (y); red = matched (K_g^+)."""
   names = list(matrices)
   a = np.asarray(assignment, bool)
-  fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.0), squeeze=False,
+  fig, axes = subplots(1, len(names), figsize=(3.2 * len(names), 3.0), squeeze=False,
                            sharey=True)
   rng = np.random.default_rng(0)
   for ax, masking in zip(axes[0], names):
@@ -103,7 +108,6 @@ def ps_scatter(path: str, matrices: Dict[str, object], assignment, group_names: 
   fig.suptitle(title or "Per-part mAP per group (red: matched parts)", fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
-  plt.close(fig)
 
 
 def part_overlays(path: str, visual: Dict[str, np.ndarray], num_parts: int, patch_size: int,
@@ -113,9 +117,9 @@ def part_overlays(path: str, visual: Dict[str, np.ndarray], num_parts: int, patc
   if images is None or not len(images):
     return False
   n = len(images)
-  cmap = plt.get_cmap("tab10" if num_parts < 10 else "tab20")
+  cmap = matplotlib.colormaps.get_cmap("tab10" if num_parts < 10 else "tab20")
   colours = np.array([cmap(k % cmap.N)[:3] for k in range(num_parts)] + [(0.0, 0.0, 0.0)])
-  fig, axes = plt.subplots(3, n, figsize=(1.9 * n, 5.8), squeeze=False)
+  fig, axes = subplots(3, n, figsize=(1.9 * n, 5.8), squeeze=False)
   for i in range(n):
     image = np.asarray(images[i])
     labels = np.asarray(visual["labels"][i])
@@ -136,18 +140,17 @@ def part_overlays(path: str, visual: Dict[str, np.ndarray], num_parts: int, patc
   axes[0][0].set_ylabel("image")
   axes[1][0].set_ylabel("part map")
   axes[2][0].set_ylabel("patch grid")
-  handles = [plt.Rectangle((0, 0), 1, 1, color=colours[k]) for k in range(num_parts)]
+  handles = [patches.Rectangle((0, 0), 1, 1, color=colours[k]) for k in range(num_parts)]
   fig.legend(handles, list(part_names), loc="lower center", ncol=min(num_parts, 8), fontsize=7)
   fig.suptitle(title or "Part maps", fontsize=9)
   fig.tight_layout(rect=(0, 0.05, 1, 1))
   fig.savefig(path, dpi=110)
-  plt.close(fig)
   return True
 
 
 def table_figure(path: str, header: List[str], rows: List[List[str]], title: str = ""):
   """A table as a PNG (the paper's Tables 1-2 layout, for slides and the report)."""
-  fig, ax = plt.subplots(figsize=(min(2 + 1.6 * len(header), 24), 0.9 + 0.32 * (len(rows) + 1)))
+  fig, ax = subplots(figsize=(min(2 + 1.6 * len(header), 24), 0.9 + 0.32 * (len(rows) + 1)))
   ax.axis("off")
   table = ax.table(cellText=rows, colLabels=header, loc="center", cellLoc="center")
   table.auto_set_font_size(False)
@@ -157,4 +160,3 @@ def table_figure(path: str, header: List[str], rows: List[List[str]], title: str
     ax.set_title(title, fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
-  plt.close(fig)
