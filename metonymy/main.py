@@ -19,6 +19,7 @@ from metonymy import config_checks
 from metonymy import config_lib
 from metonymy import distributed
 from metonymy import workdir_claim
+from metonymy.training import writers
 
 # config_flags calls the file's get_config(arg) as config_lib.load_config does, then applies the
 # --config.a.b=v overrides.
@@ -82,6 +83,7 @@ def main(argv):
     lock = workdir_claim.claim(workdir, config)
   except (workdir_claim.WorkdirBusyError, workdir_claim.ConfigMismatchError) as e:
     sys.exit(f"error: {e}")
+  writers.quiet_library_logs()  # Every job's console: our lines, the libraries' warnings.
   try:
     logging.info("Running job %s in %s", config.job, workdir)
     importlib.import_module(JOBS[config.job]).run(config, workdir)
