@@ -6,6 +6,7 @@ from typing import Dict, List
 
 from metonymy import readme_blocks
 from metonymy.demo import text
+from metonymy.probe import report as probe_report
 
 RESULTS_BLOCK = "demo:results"
 SEEDS_BLOCK = "demo:seeds"
@@ -53,4 +54,4 @@ def write_seed_row(path: str, results: Dict) -> None:
   row = seed_row(results)
   rows[int(row[0])] = row
   readme_blocks.write_block(path, SEEDS_BLOCK,
-                            text.table(SEEDS_HEADER, [rows[k] for k in sorted(rows)]))
+                            probe_report.markdown_table(SEEDS_HEADER, [rows[k] for k in sorted(rows)]))

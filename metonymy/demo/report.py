@@ -33,7 +33,7 @@ def write_story(workdir: str, config, results: Dict) -> List[str]:
     if matrix is not None and parts and groups:
       rows = [[parts[i]] + [text.fmt(v) for v in matrix[i]] for i in range(len(matrix))]
       lines += [f"Attribute mAP, {m} masking (rows: part features, columns: attribute groups):",
-                "", text.table([""] + list(groups), rows), ""]
+                "", probe_report.markdown_table([""] + list(groups), rows), ""]
   lines += ["Full benchmark report: [benchmark/report.md](benchmark/report.md).", "",
             "## 2. Part discovery from the same backbone", "",
             "Single-stage: Stage 1 on the frozen backbone. Two-stage STE: Stage 1's maps drive "
@@ -49,7 +49,7 @@ def write_story(workdir: str, config, results: Dict) -> List[str]:
               tables[6], ""]
   lines += ["## Figures", ""] + _figures(workdir)
   lines += ["## Timing", "",
-            text.table(["step", "seconds"],
+            probe_report.markdown_table(["step", "seconds"],
                        [[k, f"{v:.0f}"] for k, v in results["seconds"].items()]),
             ""]
   path_md = os.path.join(workdir, "report.md")

@@ -73,7 +73,7 @@ def write_sweep(workdir: str, results: Dict) -> List[str]:
            f"{w['image_size']} px that differ only in their cross-part attribute correlation. "
            "Early masking removes leakage, so what is left of cross-part predictability under it "
            "is the world's real correlation; the late-early gap is leakage.", "",
-           text.table(["correlation", "PS late", "PS early", "gap (early - late)",
+           probe_report.markdown_table(["correlation", "PS late", "PS early", "gap (early - late)",
                        "causal leakage late", "causal leakage early", ""], rows), "",
            f"![PS against correlation]({SWEEP_PNG})", "",
            f"Wall time {results['seconds']['total']:.0f} s.", ""]

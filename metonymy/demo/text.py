@@ -6,6 +6,7 @@ import math
 from typing import Dict, List, Optional
 
 from metonymy.demo import references
+from metonymy.probe import report as probe_report
 
 
 def fmt(value, digits: int = 3) -> str:
@@ -27,16 +28,11 @@ def with_ci(results_block: Dict, key: str, digits: int = 3) -> str:
   return fmt(value, digits)
 
 
-def table(header: List[str], rows: List[List[str]]) -> str:
-  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-  return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
-
-
 def results_tables(results: Dict) -> List[str]:
   """The headline tables (markdown lines), shared by report.md and README: leakage, part
   discovery, the stand-in's quality and the priors' costs, with blank lines between."""
   b, pd = results["benchmark"], results["part_discovery"]
-  leak = table(["Masking", "PS (higher = part-specific)", "Causal leakage (0 = none)",
+  leak = probe_report.markdown_table(["Masking", "PS (higher = part-specific)", "Causal leakage (0 = none)",
                 "MPPO"], [
       ["late (pool a plain forward in the part mask)", with_ci(b, "ps_late"),
        with_ci(b, "causal_leakage_late", 4), with_ci(b, "mppo_late")],
@@ -54,7 +50,7 @@ def results_tables(results: Dict) -> List[str]:
       rows.append([name, label[h], fmt(r["mAP"].get(h))] + parts)
   chance = pd.get("chance_mAP")
   rows.append(["constant predictor", "(chance level)", fmt(chance), "0", "0", "0", "0", ""])
-  discovery = table(["Model", "Attribute head", "mAP", "NMI", "ARI", "NMI fg", "ARI fg",
+  discovery = probe_report.markdown_table(["Model", "Attribute head", "mAP", "NMI", "ARI", "NMI fg", "ARI fg",
                      "largest part share"], rows)
   quality = (results["backbone"].get("quality_val") or {})
   rows = [["attribute mAP of its CLS head", fmt(quality.get("cls/mAP")),
@@ -66,7 +62,7 @@ def results_tables(results: Dict) -> List[str]:
               fmt(quality["part_probe/balanced_accuracy"]), fmt(quality["part_probe/chance"])],
              ["k-means on the foreground patch tokens vs the true parts (NMI x100)",
               fmt(quality["kmeans_fg/NMI"], 1), "0"]]
-  stand_in = table(["Stand-in backbone, on `val`", "value", "chance level"],
+  stand_in = probe_report.markdown_table(["Stand-in backbone, on `val`", "value", "chance level"],
                    rows) if quality else ""
   return [leak, "", discovery, "", stand_in, "", priors_table(pd.get("priors"))]
 
@@ -81,7 +77,7 @@ def priors_table(priors: Optional[Dict[str, Dict]]) -> str:
                              ("single", "single-stage maps, last training batch"),
                              ("two_stage_ste", "two-stage STE maps, last training batch"))
           if key in priors]
-  return table(["Part-shaping priors (unweighted, lower = preferred)", "total variation",
+  return probe_report.markdown_table(["Part-shaping priors (unweighted, lower = preferred)", "total variation",
                 "foreground presence", "background presence", "entropy"], rows)
 
 

@@ -123,7 +123,7 @@ def _cell(summary: Dict, key: str, digits: int = 3) -> str:
   return bootstrap_lib.format_ci(mean, *(np.nan if v is None else v for v in ci), digits=digits)
 
 
-def _md_table(header: List[str], rows: List[List[str]]) -> str:
+def markdown_table(header: List[str], rows: List[List[str]]) -> str:
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   lines += ["| " + " | ".join(r) + " |" for r in rows]
   return "\n".join(lines)
@@ -133,7 +133,7 @@ def _matrix_md(matrix, row_names, col_names, digits=3) -> str:
   m = _to_array(matrix)
   rows = [[row_names[i]] + [("n/a" if not np.isfinite(v) else f"{v:.{digits}f}") for v in m[i]]
           for i in range(m.shape[0])]
-  return _md_table([""] + list(col_names), rows)
+  return markdown_table([""] + list(col_names), rows)
 
 
 def write(workdir: str, config, results: Dict, visuals: Mapping[str, Dict],
@@ -173,7 +173,7 @@ def write(workdir: str, config, results: Dict, visuals: Mapping[str, Dict],
       row += [_cell(b, "mppo_late"), _cell(b, "mppo_early")]
     rows.append(row)
   lines += ["## Part specificity and causal leakage (Table 1 layout)", "",
-            _md_table(header, rows), ""]
+            markdown_table(header, rows), ""]
   table1 = os.path.join(workdir, "table1.png")
   plots.table_figure(table1, header, rows, f"PS and causal leakage on {dataset}")
   lines += ["![table 1](table1.png)", ""]
@@ -203,7 +203,7 @@ def write(workdir: str, config, results: Dict, visuals: Mapping[str, Dict],
                      + [_cell(b, f"mppo_{masking}", 2)])
     note = (" (mean MPPO_a over each group's attributes)" if by_group else "")
     lines += [f"## Most predictive part overlap (Table 2 layout){note}", "",
-              _md_table(header2, rows2), ""]
+              markdown_table(header2, rows2), ""]
     table2 = os.path.join(workdir, "table2.png")
     plots.table_figure(table2, header2, rows2, f"MPPO on {dataset}")
     lines += ["![table 2](table2.png)", ""]
@@ -224,13 +224,13 @@ def write(workdir: str, config, results: Dict, visuals: Mapping[str, Dict],
       ps_rows.append([group, ", ".join(matched) or "none", seed0["assignment_source"][g]]
                      + [_fmt(b["mean"].get(f"ps_per_group_{m}"), g) for m in ("late", "early")])
     lines += ["Per-group PS (K_g^+ from the contingency with c > tau, or manual):", "",
-              _md_table(["Group", "K_g^+", "from", "PS_g late", "PS_g early"], ps_rows), ""]
+              markdown_table(["Group", "K_g^+", "from", "PS_g late", "PS_g early"], ps_rows), ""]
     terms = [[m, _cell(b, f"map_matched_{m}"), _cell(b, f"map_other_{m}"), _cell(b, f"ps_{m}")]
              for m in seed0["maskings"] if f"map_matched_{m}" in b["mean"]]
     if terms:
       lines += ["The two terms of eq. 1, averaged over the groups with a defined PS_g (leakage "
                 "raises the mAP of the other parts):", "",
-                _md_table(["Masking", "mAP, matched parts", "mAP, other parts", "PS"], terms), ""]
+                markdown_table(["Masking", "mAP, matched parts", "mAP, other parts", "PS"], terms), ""]
     if "nmi_with_background" in b["mean"] or "nmi_foreground" in b["mean"]:
       # Both variants side by side: a collapse onto the background gives 0 with the background
       # while the foreground-only argmax may still partition the object.
@@ -238,7 +238,7 @@ def write(workdir: str, config, results: Dict, visuals: Mapping[str, Dict],
                 "the part under the keypoint by argmax over the K parts and the background; "
                 "foreground only (MPAE): the argmax over the K foreground maps (soft maps), or the "
                 "keypoints on the background dropped (hard part labels).", "",
-                _md_table(["", "NMI", "ARI"], [
+                markdown_table(["", "NMI", "ARI"], [
                     ["with background", _cell(b, "nmi_with_background", 2),
                      _cell(b, "ari_with_background", 2)],
                     ["foreground only", _cell(b, "nmi_foreground", 2),
