@@ -337,3 +337,21 @@ def test_ste_resume_after_a_kill_is_bit_exact(tmp_path, monkeypatch):
   assert len(leaves) == len(expected) and any("stage2" in jax.tree_util.keystr(p) for p, _ in leaves)
   for (path, a), b in zip(leaves, expected):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize("mask", two_stage.MASKS)
+def test_both_arms_start_stage1_from_the_same_parameters(mask):
+  """A single- vs two-stage comparison differs in Stage 2 alone: the same `init(rng)` gives both
+  models' Stage 1 the same parameters (the configs and builder the trainer uses)."""
+  single = config_lib.load_config(os.path.join(ROOT, "configs", "synthetic_single.py"), "runlocal")
+  two = config_lib.load_config(os.path.join(ROOT, "configs", f"synthetic_{mask}.py"), "runlocal")
+  single_model, frozen = loading.build_model(single, A)
+  two_model, _ = loading.build_model(two, A)
+  images = jnp.zeros((1, single.data.image_size, single.data.image_size, 3))
+  rng = jax.random.PRNGKey(7)
+  single_params = single_model.init(rng, images, frozen)
+  two_params = two_model.init(rng, images, frozen)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, single_params, two_params["stage1"])
+  # Another key gives Stage 1 other prototypes: the equality above is not a constant init.
+  other = single_model.init(jax.random.PRNGKey(8), images, frozen)
+  assert not np.array_equal(other["prototypes"], single_params["prototypes"])

@@ -159,11 +159,16 @@ class TwoStage:
     return self.stage1.num_parts
 
   def init(self, rng: jax.Array, images: jnp.ndarray, frozen=None):
-    """{"stage1": head params, "stage2": {"backbone": a copy of `frozen`, "norm", "head"}}."""
+    """{"stage1": head params, "stage2": {"backbone": a copy of `frozen`, "norm", "head"}}.
+
+    Stage 1 draws from `rng` itself, exactly as the single-stage model does, so both arms of a
+    single- vs two-stage comparison start Stage 1 from the same parameters; Stage 2's fresh
+    LayerNorm and head draw from `fold_in(rng, 1)`.
+    """
     if frozen is None:
       raise ValueError("TwoStage.init needs the frozen backbone parameters: Stage 2 starts as "
                        "a copy of them.")
-    rng1, rng2 = jax.random.split(rng)
+    rng1, rng2 = rng, jax.random.fold_in(rng, 1)
     groups = self.num_parts + 1
     grid = self.backbone.patch_grid(images.shape)
     probs = jnp.full((1, grid[0] * grid[1], groups), 1.0 / groups)
