@@ -116,7 +116,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.job = "demo"
   config.mode = "story"  # "story" (this file) or "correlation_sweep" (demo_correlation_sweep.py)
+  # The run seed of every sub-job (prototype init, Gumbel noise, data order and augmentation,
+  # the benchmark's bootstrap); the world has its own (world.seed), the stand-in too.
   config.seed = 0
+  config.stand_in_seed = 0  # the stand-in's init and pretraining (the shipped ones: 0)
   config.readme = ""  # a README path: rewrite its <!-- demo:results:begin/end --> block
   config.world = ml_collections.ConfigDict(world(image_size, size["splits"]))
   # Step 1: the stand-in for DINO. Ignored when benchmark.backbone.checkpoint is given.

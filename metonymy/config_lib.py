@@ -307,6 +307,12 @@ def trainer(num_epochs: int = 30) -> ml_collections.ConfigDict:
       "checkpoint_every_minutes": 30.0,
       "keep_checkpoints": 2,
       "eval_images": 8,
+      # Also evaluate the untrained model at step 0 (e.g. Stage 2's mAP before it trains).
+      "eval_at_start": False,
+      # > 0: at step 0 and at the last step, the gradient norm each weighted loss term sends to
+      # Stage 1's prototypes (objective.term_gradient_norms), mean over this many unaugmented
+      # training batches, logged as mechanism/grad_norm/<term>.
+      "term_gradient_batches": 0,
       # A JAX profiler trace of this many steps after the first (0 = off), in WORKDIR/tensorboard.
       "profile_steps": 0,
   })

@@ -180,8 +180,27 @@ def tiny_demo(tmp_path_factory):
                                   + readme_blocks.markers(readme.SEEDS_BLOCK)) + "\n")
   config = _config("demo", "tiny")
   config.readme = readme_path
+  config.seed = RUN_SEED
   results = demo.run(config, workdir)
   return workdir, results, readme_path
+
+
+RUN_SEED = 3  # not the default 0: the sub-jobs must be given the demo's run seed
+
+
+@pytest.mark.slow
+def test_tiny_demo_seeds_every_sub_job_with_the_run_seed(tiny_demo):
+  workdir, results, _ = tiny_demo
+  assert results["seed"] == RUN_SEED and results["world"]["seed"] == 0
+  for sub in ("single", "two_stage_ste"):
+    for name in ("config.json", "model.json"):
+      with open(os.path.join(workdir, sub, name)) as f:
+        assert json.load(f)["seed"] == RUN_SEED, (sub, name)
+  with open(os.path.join(workdir, subjobs.BENCHMARK_DIR, "config.json")) as f:
+    assert tuple(json.load(f)["seeds"]) == (RUN_SEED,)
+  # The stand-in has its own seed (config.stand_in_seed), so the run seed leaves it alone.
+  with open(os.path.join(workdir, stand_in.BACKBONE_DIR, stand_in.STAND_IN_FILE + ".json")) as f:
+    assert json.load(f)["recipe"]["seed"] == 0
 
 
 @pytest.mark.slow

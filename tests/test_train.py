@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from metonymy import loading
+from metonymy.training import inputs
 from metonymy.training import losses
 from metonymy.training import trainer
 from metonymy.training import run_state
@@ -306,3 +307,28 @@ def test_main_command_runs_end_to_end(tmp_path):
   for name in ("config.json", "model.json", "metrics.jsonl", "tensorboard", "images",
                "checkpoints", "backbone"):
     assert os.path.exists(tmp_path / name), name
+
+
+def test_the_run_seed_seeds_the_run(tmp_path):
+  """config.seed seeds the run (prototype init, Gumbel noise, data order and augmentation): the
+  same seed gives the same numbers, another seed other numbers; the world (its own seed) is the
+  same either way."""
+  def run(seed, name):
+    config = _config(num_steps=3)
+    config.seed = seed
+    trainer.run(config, str(tmp_path / name))
+    return _losses(str(tmp_path / name)), _params(str(tmp_path / name))["prototypes"]
+
+  losses_a, prototypes_a = run(0, "a")
+  losses_b, prototypes_b = run(0, "b")
+  losses_c, prototypes_c = run(1, "c")
+  assert losses_a == losses_b
+  np.testing.assert_array_equal(prototypes_a, prototypes_b)
+  assert losses_a[1] != losses_c[1] and not np.array_equal(prototypes_a, prototypes_c)
+  # The data order follows the run seed too, not only the initialisation.
+  config = _config()
+  source, _ = inputs.sources(config.data)
+  first = lambda seed: next(iter(inputs.train_pipeline(source, config.data, (0.0,) * 3, (1.0,) * 3,
+                                                       8, seed)))["attributes"]
+  np.testing.assert_array_equal(first(0), first(0))
+  assert not np.array_equal(first(0), first(1))

@@ -29,21 +29,29 @@ def shipped_stand_in(world_seed: int) -> str:
   return os.path.join(ASSETS, f"demo_stand_in_world{int(world_seed)}")
 
 
+def _seed(config) -> int:
+  """The stand-in's seed (its init and pretraining): config.stand_in_seed, apart from the run
+  seed config.seed of the jobs trained on it."""
+  return int(config.get("stand_in_seed", 0))
+
+
 def stand_in_recipe(config, world) -> Dict:
   """Everything the stand-in is a function of: architecture, init seed, pretraining options and
   the world its training images come from (the val/test sizes do not matter)."""
-  pre = {k: v for k, v in config.backbone_pretraining.to_dict().items() if k != "shipped"}
+  pre = {k: v for k, v in config.backbone_pretraining.to_dict().items()
+         if k != "shipped"}
   world = world.to_dict() if hasattr(world, "to_dict") else dict(world)
   world = dict(world, splits={"train": int(dict(world["splits"])["train"])})
   return json.loads(json.dumps({"arch": config.backbone.arch.to_dict(), "preset":
-                                config.backbone.preset, "seed": int(config.seed),
+                                config.backbone.preset, "seed": _seed(config),
                                 "pretraining": pre, "world": world}))
 
 
 def pretrain_stand_in(config, world):
-  """(vit_config, pretrain.Pretrained, record): config.backbone initialised with config.seed and
-  pretrained on the world's training split (probe/pretrain.py)."""
-  model, params, vit_config = loading.build_backbone(config.backbone, int(config.seed))
+  """(vit_config, pretrain.Pretrained, record): config.backbone initialised with the stand-in
+  seed (config.stand_in_seed) and pretrained on the world's training split
+  (probe/pretrain.py)."""
+  model, params, vit_config = loading.build_backbone(config.backbone, _seed(config))
   pre = config.backbone_pretraining
   data_cfg = subjobs.with_world(config.benchmark, world).data
   source, _, _ = benchmark.open_split(data_cfg, data_cfg.train, 0)
@@ -52,7 +60,7 @@ def pretrain_stand_in(config, world):
                   f"for {int(pre.steps)} steps on {min(int(pre.images), len(source))} training "
                   "images")
   transforms = benchmark.eval_transforms(vit_config, data_cfg)
-  trained = pretrain.pretrain(model, params, source, transforms, seed=int(config.seed),
+  trained = pretrain.pretrain(model, params, source, transforms, seed=_seed(config),
                               **probe_job.pretrain_options(pre))
   record = {"recipe": stand_in_recipe(config, world),
             "command": "python -m metonymy.main --config=configs/demo.py:stand_in "
@@ -71,7 +79,7 @@ def stand_in_quality(config, world, vit_config, params, heads) -> Dict:
   transforms = benchmark.eval_transforms(vit_config, data_cfg)
   quality = pretrain.head_quality(model, params, heads, source, transforms)
   legibility = pretrain.part_legibility(model, params, source, transforms,
-                                        seed=int(config.seed))
+                                        seed=_seed(config))
   quality.update(legibility or {})
   return quality
 

@@ -51,7 +51,8 @@ def run_story(config, workdir: str) -> Dict:
                     f"{', ' + sub.model.stage2.mask if 'stage2' in sub.model else ''}) for "
                     f"{sub.trainer.num_steps} steps at batch {sub.data.batch_size}")
     trained[key] = subjobs.run_training(sub, backbone,
-                                        os.path.join(workdir, subjobs.TRAIN_DIRS[key]), world)
+                                        os.path.join(workdir, subjobs.TRAIN_DIRS[key]), world,
+                                        config.seed)
 
   steps.begin("report", "writing report.md and results.json")
   chance = references.chance_map(subjobs.with_world(config.single, world).data)
@@ -93,6 +94,7 @@ def story_results(config, backbone: str, stand_in_record: Optional[Dict], bench:
   record = stand_in_record or {}
   return {
       "job": "demo",
+      "seed": int(config.seed),  # the run seed of every sub-job; the world's is world.seed
       "world": config.world.to_dict(),
       "backbone": {"path": os.path.abspath(backbone),
                    "arch": config.backbone.arch.to_dict() if pretrained_here else None,

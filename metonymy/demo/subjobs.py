@@ -25,8 +25,10 @@ def with_world(sub: ml_collections.ConfigDict, world) -> ml_collections.ConfigDi
 
 
 def run_benchmark(config, backbone: str, workdir: str, world, title: str = "") -> Dict:
-  """Step 2: the probe job on `backbone`; returns its results.json object."""
+  """Step 2: the probe job on `backbone`, seeded with the run seed config.seed (its bootstrap
+  draws); returns its results.json object."""
   sub = with_world(config.benchmark, world)
+  sub.seeds = (int(config.seed),)
   sub.backbone.checkpoint = os.path.abspath(backbone)
   sub.backbone_pretraining.steps = 0  # the probe job pretrains random-init backbones only
   if title:
@@ -36,10 +38,13 @@ def run_benchmark(config, backbone: str, workdir: str, world, title: str = "") -
   return probe.run(sub, workdir)
 
 
-def run_training(sub, backbone: str, workdir: str, world) -> Dict[str, float]:
-  """Step 3: the train job from `backbone`; returns the last evaluation's scalars (read back
-  from metrics.jsonl, so a rerun that finds the run complete still reports them)."""
+def run_training(sub, backbone: str, workdir: str, world, seed: int) -> Dict[str, float]:
+  """Step 3: the train job from `backbone` with run seed `seed` (its prototype init, Gumbel
+  noise, data order and augmentation; the world is `world`'s own seed); returns the last
+  evaluation's scalars (read back from metrics.jsonl, so a rerun that finds the run complete
+  still reports them)."""
   sub = with_world(sub, world)
+  sub.seed = int(seed)
   sub.backbone.checkpoint = os.path.abspath(backbone)
   os.makedirs(workdir, exist_ok=True)
   _write_config(sub, workdir)

@@ -92,7 +92,8 @@ def describe(results: Dict) -> str:
               f"{arch.get('depth')}) pretrained for {pre} steps on the world's attributes"
               f"{' (' + source + ')' if source else ''}" if pre is not None
               else f"the backbone `{results['backbone']['path']}`")
-  return (f"Synthetic parts world (seed {w.get('seed', 0)}) at {w['image_size']} px, "
+  return (f"Synthetic parts world (world seed {w.get('seed', 0)}; run seed "
+          f"{results.get('seed', 0)}) at {w['image_size']} px, "
           f"cross-part correlation {w['correlation']:g}; {backbone}. Benchmark: ground-truth "
           f"part masks, train/val/test "
           f"{b.get('num_train')}/{b.get('num_val')}/{b.get('num_test')} images, 95% bootstrap "

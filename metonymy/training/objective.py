@@ -44,20 +44,11 @@ def check_config(loss_config) -> None:
                      f"{loss_config.orthogonality_on!r}")
 
 
-def loss_fn(model: part_model.PartModel, params, frozen, batch: Dict[str, jnp.ndarray], rng: jax.Array,
-            loss_config) -> Tuple[jnp.ndarray, Dict[str, Any]]:
-  """(total loss, metrics) of one training batch.
-
-  Args:
-    model: the trainer's model interface (see models/stage1.py).
-    batch: image float32 [B, H, W, 3], attributes float32 [B, A], attribute_valid bool [B, A].
-    rng: this step's key (Gumbel noise of both passes and the equivariance transform).
-    loss_config: config.loss (weights, orthogonality, orthogonality_on, equivariance ranges).
-
-  Returns:
-    The weighted sum, and {"loss/<term>": unweighted value} for every computed term plus the
-    maps' occupancy (`part_share_metrics`: the collapse watch, no second forward).
-  """
+def loss_terms(model: part_model.PartModel, params, frozen, batch: Dict[str, jnp.ndarray],
+               rng: jax.Array, loss_config) -> Tuple[Dict[str, Tuple[float, jnp.ndarray]],
+                                                     jnp.ndarray]:
+  """({term: (weight, unweighted value)} for every computed term, Stage 1's maps
+  [B, K+1, h, w]) of one training batch; `loss_fn` documents the arguments."""
   weights = loss_config.weights
   rng_model, rng_warp, rng_model_warped = jax.random.split(rng, 3)
   out = model.apply(params, frozen, batch["image"], train=True, rng=rng_model)
@@ -85,9 +76,52 @@ def loss_fn(model: part_model.PartModel, params, frozen, batch: Dict[str, jnp.nd
     maps_warped = model.part_maps(params, frozen, warped, train=True, rng=rng_model_warped)
     terms["equivariance"] = (weights.equivariance,
                              losses.equivariance(maps, maps_warped, transform))
+  return terms, maps
+
+
+def loss_fn(model: part_model.PartModel, params, frozen, batch: Dict[str, jnp.ndarray], rng: jax.Array,
+            loss_config) -> Tuple[jnp.ndarray, Dict[str, Any]]:
+  """(total loss, metrics) of one training batch.
+
+  Args:
+    model: the trainer's model interface (see models/stage1.py).
+    batch: image float32 [B, H, W, 3], attributes float32 [B, A], attribute_valid bool [B, A].
+    rng: this step's key (Gumbel noise of both passes and the equivariance transform).
+    loss_config: config.loss (weights, orthogonality, orthogonality_on, equivariance ranges).
+
+  Returns:
+    The weighted sum, and {"loss/<term>": unweighted value} for every computed term plus the
+    maps' occupancy (`part_share_metrics`: the collapse watch, no second forward).
+  """
+  terms, maps = loss_terms(model, params, frozen, batch, rng, loss_config)
   total = sum(weight * value for weight, value in terms.values())
   metrics = {f"loss/{name}": value for name, (_, value) in terms.items()}
   return total, dict(metrics, **part_share_metrics(maps))
+
+
+def term_gradient_norms(model: part_model.PartModel, params, frozen, batch, rng: jax.Array,
+                        loss_config, group: str = "prototypes") -> Dict[str, jnp.ndarray]:
+  """{term: |d(weight * term)/d theta|}: the norm of the gradient each weighted term of the
+  objective sends to the parameters of optimizer group `group` (model.param_groups), by default
+  Stage 1's prototypes, where every term of both models meets. It shows which term shapes the
+  parts: e.g. whether Stage 2's attribute loss reaches Stage 1 at all against the priors.
+  One backward pass per term (jax.jacrev over the weighted terms)."""
+  groups = model.param_groups(params)
+  keep = [g == group for g in jax.tree_util.tree_leaves(groups)]
+  if not any(keep):
+    raise ValueError(f"term_gradient_norms: no parameter of group {group!r}; the model's groups "
+                     f"are {sorted(set(jax.tree_util.tree_leaves(groups)))}")
+
+  def weighted_terms(params):
+    terms, _ = loss_terms(model, params, frozen, batch, rng, loss_config)
+    return {name: weight * value for name, (weight, value) in terms.items()}
+
+  jacobian = jax.jacrev(weighted_terms)(params)          # {term: a gradient tree like params}
+  norms = {}
+  for name, grads in jacobian.items():
+    leaves = [g for g, k in zip(jax.tree_util.tree_leaves(grads), keep) if k]
+    norms[name] = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in leaves))
+  return norms
 
 
 def part_share_metrics(maps: jax.Array) -> Dict[str, jax.Array]:

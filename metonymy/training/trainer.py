@@ -226,6 +226,20 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
     return (state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics,
             preemption.Watch.agree(wishes))  # Every process's stop / save wishes, or-ed.
 
+  def term_gradients(params, frozen, batch, rng):
+    return objective.term_gradient_norms(model, params, frozen, batch, rng, config.loss)
+
+  def relative_change(params, start):
+    """{group: |theta - theta_0| / |theta_0|} over each optimizer group's parameters."""
+    groups = jax.tree_util.tree_leaves(model.param_groups(params))
+    pairs = list(zip(groups, jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(start)))
+    out = {}
+    for group in sorted(set(groups)):
+      moved = sum(jnp.sum(jnp.square(p - p0)) for g, p, p0 in pairs if g == group)
+      norm = sum(jnp.sum(jnp.square(p0)) for g, _, p0 in pairs if g == group)
+      out[f"train/relative_change/{group}"] = jnp.sqrt(moved / jnp.maximum(norm, 1e-30))
+    return out
+
   def eval_step(params, frozen, batch):
     out = model.apply(params, frozen, batch["image"], train=False)
     result = {k: v for k, v in batch.items() if k != "image"}
@@ -236,6 +250,10 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
                        out_shardings=(state_sh, replicated, replicated), donate_argnums=(0,))
   eval_step = jax.jit(eval_step, in_shardings=(state_sh.params, frozen_sh, batch_sh),
                       out_shardings=replicated)
+  term_gradients = jax.jit(term_gradients, in_shardings=(state_sh.params, frozen_sh, batch_sh,
+                                                         replicated), out_shardings=replicated)
+  relative_change = jax.jit(relative_change, in_shardings=(state_sh.params, state_sh.params),
+                            out_shardings=replicated)
 
   # Resume or start.
   mngr = run_state.manager(workdir, config.trainer.keep_checkpoints)
@@ -255,9 +273,12 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
       writers.console(f"Resumed from step {latest} ({run_state.directory(workdir)}).")
     else:  # Every checkpoint was refused: start afresh, from a rewound data iterator.
       train_iter = iter(train_ds)
+  make_state = jax.jit(init_state, in_shardings=(replicated, frozen_sh), out_shardings=state_sh)
   if state is None:
-    state = jax.jit(init_state, in_shardings=(replicated, frozen_sh),
-                    out_shardings=state_sh)(rng_init, frozen)
+    state = make_state(rng_init, frozen)
+  # The parameters at step 0 (recomputed on resume: the init is a function of the seed), for
+  # each group's relative change over the run.
+  start_params = make_state(rng_init, frozen).params
   step = int(jax.device_get(state.step))
   writer.trim(step)  # The killed run's records after the restored step would appear twice.
   count = parameter_overview.count_parameters
@@ -303,11 +324,34 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
               f"({os.path.basename(os.path.normpath(workdir))})"))
     return scalars
 
+  def run_mechanism(step: int) -> None:
+    """mechanism/grad_norm/<term> at `step`: mean over the first term_gradient_batches
+    unaugmented training batches (the training stream itself is not touched)."""
+    num = config.trainer.term_gradient_batches
+    batches = iter(inputs.eval_pipeline(train_source, config.data, vit_config.image_mean,
+                                        vit_config.image_std, per_process))
+    rng = jax.random.fold_in(rng_train, 2 ** 31 - 1)
+    sums: Dict[str, float] = {}
+    for i in range(num):
+      host = next(batches)
+      batch = sharding.global_batch(inputs.device_keys(host, inputs.TRAIN_KEYS), batch_sh)
+      norms = jax.device_get(term_gradients(state.params, frozen, batch,
+                                            jax.random.fold_in(rng, i)))
+      for name, value in norms.items():
+        sums[name] = sums.get(name, 0.0) + float(value) / num
+    writer.write_scalars(step, {f"mechanism/grad_norm/{k}": v for k, v in sums.items()})
+    writers.console(f"gradient norms at Stage 1's prototypes @ {step}: " + ", ".join(
+        f"{k} {v:.3g}" for k, v in sorted(sums.items())))
+
+  last_eval: Dict[str, float] = {}
   if step >= total_steps:
     writers.console(f"Nothing to do: the run in {workdir} already reached step {step}.")
+  if step == 0 and config.trainer.get("term_gradient_batches", 0):
+    run_mechanism(0)
+  if step == 0 and config.trainer.get("eval_at_start", False):
+    last_eval = run_eval(0)
   progress = profile = None  # Made after the first step, which includes compilation.
   pending = None  # The previous step's metrics, checked one step late to keep the device busy.
-  last_eval: Dict[str, float] = {}
   # SIGTERM / SIGUSR1 and checkpoint_every_minutes: saves agreed by every process (preemption.py).
   watch = preemption.Watch(config.trainer.checkpoint_every_minutes, start_step=step)
   try:
@@ -349,6 +393,10 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
           finite_or_raise(step, metrics)
           with progress.pause():
             last_eval = run_eval(step)
+            writer.write_scalars(step, {k: float(v) for k, v in jax.device_get(
+                relative_change(state.params, start_params)).items()})
+            if last and config.trainer.get("term_gradient_batches", 0):
+              run_mechanism(step)
   finally:
     if profile is not None:
       writers.stop_profiler()
