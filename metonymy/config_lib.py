@@ -275,6 +275,8 @@ def train_data(dataset: str, *, image_size: int, train_split: str, eval_split: s
 
   options: keyword options of the dataset's make_source (SyntheticConfig fields for
     "synthetic"; e.g. the uncertainty policy for "chexpert").
+  train_examples: train on the first N examples of train_split (0 = all): a budget's train split
+    (epochs count passes over these N).
   eval_examples: evaluate on the first N examples of eval_split (0 = all).
   """
   return ml_collections.ConfigDict({
@@ -287,6 +289,7 @@ def train_data(dataset: str, *, image_size: int, train_split: str, eval_split: s
       "image_size": image_size,
       "batch_size": batch_size,
       "eval_batch_size": batch_size,
+      "train_examples": 0,
       "eval_examples": 0,
       "crop_scale": (0.5, 1.0),
       "worker_count": 0,

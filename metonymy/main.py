@@ -39,11 +39,12 @@ JOBS = {
     "probe": "metonymy.probe",  # Leakage benchmark: late vs early masked features, PS, MPPO.
     "train": "metonymy.training.trainer",  # Part discovery (Stage 1, two-stage) training.
     "demo": "metonymy.demo",  # The end-to-end story on the synthetic world.
+    "table3": "metonymy.table3",  # Single- vs two-stage part discovery, paired run seeds.
 }
 # Jobs that run on one host: the leakage benchmark's probes and reports are single-host work
 # (the feature extraction uses that host's devices). Started as several processes they would
 # repeat the same work and race on the same files, so they refuse.
-SINGLE_PROCESS_JOBS = ("probe", "demo")
+SINGLE_PROCESS_JOBS = ("probe", "demo", "table3")
 # Jobs that may run without --workdir: each has one config family, and workdir_claim refuses a
 # default workdir holding another config's run. Training and the benchmark need --workdir.
 DEFAULT_WORKDIRS = {"demo": os.path.join("workdirs", "demo"),

@@ -5,7 +5,7 @@ job logs. The sub-jobs are the real ones, run on sub-configs, so the demo measur
 
 import json
 import os
-from typing import Dict
+from typing import Dict, List
 
 import ml_collections
 
@@ -52,35 +52,42 @@ def run_training(sub, backbone: str, workdir: str, world, seed: int) -> Dict[str
   return last_eval(workdir)
 
 
-def last_eval(workdir: str) -> Dict[str, float]:
-  """{"<head>/mAP": ..., "parts/NMI": ..., "step": s}: the latest `eval/` record of a train
-  workdir's metrics.jsonl (the prefix dropped); non-finite values (stored as strings) -> NaN."""
+def records(workdir: str, prefix: str) -> Dict[int, Dict[str, float]]:
+  """{step: {name: value}}: the entries of a train workdir's metrics.jsonl whose names start with
+  `prefix` (dropped), by step in order; non-finite values (stored as strings) -> NaN."""
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} not found: the training run in {workdir} wrote no metrics.")
-  latest: Dict[str, float] = {}
+  out: Dict[int, Dict[str, float]] = {}
   with open(path) as f:
     for line in f:
       record = json.loads(line)
-      values = {k[len("eval/"):]: _float(v) for k, v in record.items() if k.startswith("eval/")}
+      values = {k[len(prefix):]: _float(v) for k, v in record.items() if k.startswith(prefix)}
       if values:
-        latest = dict(values, step=int(record["step"]))
-  if not latest:
-    raise ValueError(f"{path} holds no evaluation: the run in {workdir} never evaluated.")
-  return latest
+        out.setdefault(int(record["step"]), {}).update(values)
+  return out
+
+
+def evaluations(workdir: str) -> List[Dict[str, float]]:
+  """Every evaluation of a train workdir in step order: {"<head>/mAP": ..., "step": s}."""
+  found = records(workdir, "eval/")
+  if not found:
+    raise ValueError(f"{os.path.join(workdir, 'metrics.jsonl')} holds no evaluation: the run in "
+                     f"{workdir} never evaluated.")
+  return [dict(values, step=step) for step, values in found.items()]
+
+
+def last_eval(workdir: str) -> Dict[str, float]:
+  """{"<head>/mAP": ..., "parts/NMI": ..., "step": s}: the latest `eval/` record of a train
+  workdir's metrics.jsonl (the prefix dropped); non-finite values (stored as strings) -> NaN."""
+  return evaluations(workdir)[-1]
 
 
 def last_train_losses(workdir: str) -> Dict[str, float]:
   """{"<term>": value}: the unweighted loss terms (`loss/<term>`) of the latest training record
   of a train workdir's metrics.jsonl."""
-  latest: Dict[str, float] = {}
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    for line in f:
-      record = json.loads(line)
-      terms = {k[len("loss/"):]: _float(v) for k, v in record.items() if k.startswith("loss/")}
-      if terms:
-        latest = terms
-  return latest
+  found = records(workdir, "loss/")
+  return found[max(found)] if found else {}
 
 
 def _float(value) -> float:

@@ -46,6 +46,8 @@ def sources(data_config) -> Tuple[object, object]:
                                **options)
   evaluation = data_lib.make_source(data_config.dataset, root, data_config.eval_split,
                                     source=source, **options)
+  if data_config.get("train_examples", 0):
+    train = Subset(train, data_config.train_examples)
   if data_config.eval_examples:
     evaluation = Subset(evaluation, data_config.eval_examples)
   return train, evaluation

@@ -1,0 +1,62 @@
+"""run(config, workdir): the stand-in, then every (run seed, variant) trained and benchmarked,
+then results.json, report.md, the figure and README's block (report.py). A rerun on the same
+workdir skips the runs that finished (the train job resumes, a written probe is read back)."""
+
+import datetime
+import os
+import platform
+import time
+from typing import Dict
+
+from metonymy.demo import references
+from metonymy.demo import stand_in
+from metonymy.demo import subjobs
+from metonymy.table3 import report
+from metonymy.table3 import runs
+from metonymy.table3 import stats
+from metonymy.training import writers
+
+
+def run(config, workdir: str) -> Dict:
+  start = time.perf_counter()
+  os.makedirs(workdir, exist_ok=True)
+  world = config.world
+  for variant in config.variants:
+    runs.training_config(config, variant)  # An unknown variant fails before any training.
+  backbone, record = stand_in.pretrained_backbone(config, workdir, world)
+  total = len(config.seeds) * len(config.variants)
+  rows, dirs = [], {}
+  for seed in config.seeds:  # Seed-major: an early stop still leaves complete pairs.
+    for variant in config.variants:
+      done = len(rows)
+      eta = ((time.perf_counter() - start) / done * (total - done)) if done else None
+      writers.console(f"[table3] ({done + 1}/{total}) {variant}, run seed {seed}, world seed "
+                      f"{int(world.seed)}" + (f"; ETA {eta / 60:.0f} min" if eta else ""))
+      train_dir = runs.train(config, variant, seed, backbone, workdir)
+      probe = runs.benchmark(config, variant, seed, backbone, train_dir, workdir)
+      rows.append(runs.row(variant, seed, world.seed, train_dir, probe))
+      dirs[(variant, int(seed))] = train_dir
+      writers.console(report.row_line(rows[-1]))
+  training = runs.training_config(config, config.variants[0])
+  results = {
+      "job": "table3",
+      "world": world.to_dict(),
+      "world_seed": int(world.seed),
+      "seeds": [int(s) for s in config.seeds],
+      "backbone": {"path": os.path.abspath(backbone), "source": (record or {}).get("source"),
+                   "quality_val": (record or {}).get("quality_val")},
+      "protocol": report.protocol(config, training),
+      "chance_mAP": references.chance_map(subjobs.with_world(training, world).data),
+      "rows": rows,
+      "summary": stats.summary(rows),
+      "paired": stats.paired(rows),
+      "seconds": time.perf_counter() - start,
+      "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
+      "date": datetime.datetime.now().isoformat(timespec="seconds"),
+  }
+  written = report.write(config, workdir, results, dirs)
+  writers.console(f"[table3] done in {results['seconds'] / 60:.1f} min; wrote "
+                  + ", ".join(written))
+  for line in report.summary_lines(results):
+    writers.console(f"[table3] {line}")
+  return results

@@ -1,0 +1,319 @@
+"""What the Table-3 job writes: results.json, report.md, fig4_part_maps.png and README's
+"table3:results" block. Every number comes from the rows the runs wrote (runs.row)."""
+
+import json
+import math
+import os
+from typing import Dict, List, Tuple
+
+import matplotlib
+from matplotlib import patches
+import numpy as np
+
+from metonymy import loading
+from metonymy import readme_blocks
+from metonymy.data import pipeline
+from metonymy.demo import subjobs
+from metonymy.probe import masks as masks_lib
+from metonymy.probe import plots
+from metonymy.probe import report as probe_report
+from metonymy.training import inputs
+from metonymy.training import optimizer
+
+README_BLOCK = "table3:results"
+FIGURE = "fig4_part_maps.png"
+NAMES = {"single": ("Single-stage", "–"), "hard": ("Two-stage", "Hard masks"),
+         "ste": ("Two-stage", "STE masks"), "soft": ("Two-stage", "Soft masks")}
+# Table 3's columns, then Table S6's (attribute mAP of each head), then the collapse watch.
+COLUMNS = (("ARI", "ARI", 1), ("NMI", "NMI", 1), ("PS", "PS", 3), ("MPPO", "MPPO", 3),
+           ("mAP_stage1", "mAP Stage 1", 3), ("mAP_stage2", "mAP Stage 2", 3),
+           ("mAP_ensemble", "mAP ensemble", 3), ("max_part_share", "largest part share", 2))
+LABELS = {"single": "single-stage", "hard": "hard", "ste": "STE", "soft": "soft"}
+PAIRED = (("NMI", 1), ("ARI", 1), ("NMI_fg", 1), ("ARI_fg", 1), ("PS", 3), ("MPPO", 3),
+          ("mAP_stage1", 3))
+
+
+def protocol(config, training) -> Dict:
+  """The training protocol every variant shares, as run: epochs of the train split, steps, batch,
+  the learning rates at that batch, the priors' weights, the evaluation split."""
+  data = training.data
+  examples = int(data.train_examples) or int(dict(data.options.splits)["train"])
+  per_epoch = pipeline.num_batches(examples, int(data.batch_size), train=True, shard_count=1)
+  steps = int(training.trainer.num_steps) or int(training.trainer.num_epochs) * per_epoch
+  opt = training.optimizer
+  rates = {g: optimizer.scaled_rate(float(lr), int(data.batch_size), int(opt.base_batch_size),
+                                    opt.lr_scaling)
+           for g, lr in opt.learning_rates.items()}
+  return {"epochs": int(training.trainer.num_epochs) if not training.trainer.num_steps else None,
+          "train_examples": examples, "batch_size": int(data.batch_size),
+          "steps_per_epoch": per_epoch, "steps": steps, "base_learning_rates":
+          dict(opt.learning_rates), "learning_rates": rates, "schedule": opt.schedule,
+          "loss_weights": dict(training.loss.weights), "eval_split": data.eval_split,
+          "eval_examples": int(data.eval_examples), "image_size": int(data.image_size)}
+
+
+def label(variant: str) -> str:
+  return LABELS.get(variant, variant)
+
+
+def _f(value, digits: int) -> str:
+  if value is None or (isinstance(value, float) and not math.isfinite(value)):
+    return "n/a"
+  return f"{value:.{digits}f}"
+
+
+def _mean_sd(cell: Dict, digits: int) -> str:
+  if cell["mean"] is None:
+    return "n/a"
+  return _f(cell["mean"], digits) + ("" if cell["sd"] is None else f" ± {_f(cell['sd'], digits)}")
+
+
+def _interval(cell: Dict, digits: int) -> str:
+  if cell["mean"] is None:
+    return "n/a"
+  text = f"{cell['mean']:+.{digits}f}"
+  if cell["ci"] is not None:
+    lo, hi = cell["ci"]
+    text += f" [{lo:+.{digits}f}, {hi:+.{digits}f}]"
+  return f"**{text}**" if cell["ci"] is not None and (cell["ci"][0] > 0 or cell["ci"][1] < 0) else text
+
+
+def row_line(row: Dict) -> str:
+  """One console line per finished run."""
+  return (f"[table3] {row['variant']} seed {row['seed']}: NMI {_f(row['NMI'], 1)}, ARI "
+          f"{_f(row['ARI'], 1)}, PS {_f(row['PS'], 3)}, MPPO {_f(row['MPPO'], 3)}, mAP stage 1 "
+          f"{_f(row['mAP_stage1'], 3)} / stage 2 {_f(row['mAP_stage2'], 3)}, largest part share "
+          f"{_f(row['max_part_share'], 2)}{' COLLAPSED' if row['collapsed'] else ''}")
+
+
+def table3(results: Dict) -> str:
+  """Table 3's layout (mean ± sd over run seeds) with Table S6's mAP columns and the chance row."""
+  header = ["Setting", "Method"] + [name for _, name, _ in COLUMNS]
+  rows = []
+  for variant, cells in results["summary"].items():
+    setting, method = NAMES.get(variant, (variant, ""))
+    rows.append([setting, method] + [_mean_sd(cells[key], d) for key, _, d in COLUMNS])
+  chance = ["constant predictor", "(chance level)", "0", "0", "0", "", "", "", "", ""]
+  chance[COLUMNS.index(("mAP_stage1", "mAP Stage 1", 3)) + 2] = _f(results["chance_mAP"], 3)
+  rows.append(chance)
+  return probe_report.markdown_table(header, rows)
+
+
+def paired_table(results: Dict) -> str:
+  header = ["Two-stage variant − single-stage"] + [f"Δ {m}" for m, _ in PAIRED]
+  rows = [[label(v) + f" (seeds {', '.join(map(str, cells['seeds']))})"]
+          + [_interval(cells[m], d) for m, d in PAIRED]
+          for v, cells in results["paired"].items()]
+  return probe_report.markdown_table(header, rows)
+
+
+def _by_variant(rows: List[Dict]) -> Dict[str, List[Dict]]:
+  out: Dict[str, List[Dict]] = {}
+  for r in rows:
+    out.setdefault(r["variant"], []).append(r)
+  return out
+
+
+def _mean(values) -> float:
+  xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+  return float(np.mean(xs)) if xs else float("nan")
+
+
+def stage2_table(results: Dict) -> str:
+  """Does Stage 2 train? Its ViT's relative weight change over the run, and its mAP at step 0
+  against the end (means over run seeds)."""
+  header = ["Variant", "Stage-2 ViT relative change", "Stage-2 mAP at step 0",
+            "Stage-2 mAP at the end", "Stage-1 mAP at step 0", "Stage-1 mAP at the end"]
+  rows = []
+  for variant, rs in _by_variant(results["rows"]).items():
+    if variant == "single":
+      continue
+    rows.append([label(variant),
+                 _f(_mean(r["relative_change"].get("backbone") for r in rs), 4),
+                 _f(_mean(r["mAP_stage2_start"] for r in rs), 3),
+                 _f(_mean(r["mAP_stage2"] for r in rs), 3),
+                 _f(_mean(r["mAP_stage1_start"] for r in rs), 3),
+                 _f(_mean(r["mAP_stage1"] for r in rs), 3)])
+  return probe_report.markdown_table(header, rows)
+
+
+def mechanism_table(results: Dict) -> str:
+  """The gradient norm each weighted loss term sends to Stage 1's prototypes, at step 0 and at
+  the end of each variant's run (means over run seeds)."""
+  terms = sorted({t for r in results["rows"] for t in list(r["grad_norm_start"])
+                  + list(r["grad_norm_end"])},
+                 key=lambda t: (not t.startswith("attribute"), t))
+  header = ["Variant", "when"] + terms
+  rows = []
+  for variant, rs in _by_variant(results["rows"]).items():
+    for when, key in (("step 0", "grad_norm_start"), ("end", "grad_norm_end")):
+      rows.append([label(variant), when]
+                  + [_f(_mean(r[key].get(t) for r in rs), 3) for t in terms])
+  return probe_report.markdown_table(header, rows)
+
+
+def seed_table(results: Dict) -> str:
+  keys = ("variant", "seed", "world_seed", "NMI", "ARI", "NMI_fg", "ARI_fg", "PS", "MPPO",
+          "mAP_stage1", "mAP_stage2", "mAP_ensemble", "max_part_share", "collapsed")
+  digits = {"PS": 3, "MPPO": 3, "mAP_stage1": 3, "mAP_stage2": 3, "mAP_ensemble": 3,
+            "max_part_share": 2}
+  rows = [[str(r[k]) if k in ("variant", "seed", "world_seed", "collapsed")
+           else _f(r[k], digits.get(k, 1)) for k in keys] for r in results["rows"]]
+  return probe_report.markdown_table(list(keys), rows)
+
+
+def _setting(results: Dict) -> str:
+  p, b = results["protocol"], results["backbone"]
+  rates = ", ".join(f"{g} {v:.2g}" for g, v in p["learning_rates"].items())
+  priors = {k: v for k, v in p["loss_weights"].items() if k != "attribute"}
+  priors_text = ("every part-shaping prior at PDiscoFormer's weight"
+                 if any(priors.values()) and all(priors.values()) else
+                 "the attribute losses alone (every prior at weight 0)" if not any(priors.values())
+                 else "priors " + ", ".join(f"{k} {v:g}" for k, v in priors.items()))
+  return (f"Synthetic parts world (world seed {results['world_seed']}) at {p['image_size']} px, "
+          f"cross-part correlation {results['world']['correlation']:g}; stand-in backbone "
+          f"{b.get('source') or b['path']}. Each variant trained {p['epochs']} epochs of the "
+          f"first {p['train_examples']} `train` images ({p['steps']} steps at batch "
+          f"{p['batch_size']}; rates at that batch: {rates}; {p['schedule']}), {priors_text}; "
+          f"run seeds {', '.join(map(str, results['seeds']))}, each the same for every variant "
+          f"(same Stage-1 initialisation, data order, Gumbel noise). Scored on "
+          f"{'all' if not p['eval_examples'] else 'the first ' + str(p['eval_examples'])} "
+          f"`{p['eval_split']}` images: NMI/ARI x100 of merged keypoints against the argmax part "
+          f"(background included; \"fg\": foreground parts only); PS / MPPO: linear probes on the "
+          f"model's own part features over its discovered parts (late masking of the frozen "
+          f"backbone for single-stage, early masking of the trained Stage-2 ViT for two-stage). "
+          f"Wall time {results['seconds'] / 60:.0f} min on {results['machine']['cpu_count']} CPU "
+          f"core(s).")
+
+
+def summary_lines(results: Dict) -> List[str]:
+  """What the comparison says, from the paired intervals: one line per two-stage variant."""
+  lines = []
+  for variant, cells in results["paired"].items():
+    verdicts = []
+    for metric in ("NMI", "ARI"):
+      ci = cells[metric]["ci"]
+      if ci is None:
+        verdicts.append(f"{metric} {cells[metric]['mean']:+.1f} (one seed, no interval)"
+                        if cells[metric]["mean"] is not None else f"{metric} n/a")
+      else:
+        side = ("above" if ci[0] > 0 else "below" if ci[1] < 0 else "not distinguishable from")
+        verdicts.append(f"{metric} {cells[metric]['mean']:+.1f} [{ci[0]:+.1f}, {ci[1]:+.1f}]: "
+                        f"{side} single-stage")
+    lines.append(f"{label(variant)}: " + "; ".join(verdicts))
+  collapsed = [f"{r['variant']} seed {r['seed']}" for r in results["rows"] if r["collapsed"]]
+  lines.append("collapse watch: " + (", ".join(collapsed) + " collapsed (one part above 90% of "
+                                     "the patches or a part empty)" if collapsed else
+                                     "no run collapsed (no part above 90% of the patches, none "
+                                     "empty)"))
+  return lines
+
+
+def markdown(results: Dict) -> str:
+  chance = _f(results["chance_mAP"], 3)
+  return "\n\n".join([
+      f"# Table 3 on the synthetic world (world seed {results['world_seed']})",
+      _setting(results),
+      "## Single vs two-stage (Table 3, with Table S6's mAP columns)\n\nMean ± sd over run "
+      f"seeds. Chance level: mAP {chance} (a constant predictor on the scored images), NMI = "
+      "ARI = 0 (one part for every patch), PS = 0 (no part more predictive of its own "
+      "attributes than the others).",
+      table3(results),
+      "## Paired by run seed\n\nTwo-stage minus single-stage, mean over seeds with the 95% "
+      "Student-t interval; bold where the interval excludes 0.",
+      paired_table(results),
+      "\n".join(f"- {line}" for line in summary_lines(results)),
+      "## Does Stage 2 train?\n\nRelative change of Stage 2's ViT weights over the run "
+      "(|θ − θ₀| / |θ₀|) and the heads' mAP at step 0 against the end (means over seeds).",
+      stage2_table(results),
+      "## The mechanism: what reaches Stage 1's prototypes\n\nGradient norm of each weighted "
+      "loss term at Stage 1's prototypes (mean of 3 unaugmented training batches, then over "
+      "seeds), at step 0 and at the end. `attribute_stage2` is Stage 2's feedback to Stage 1; "
+      "if it is small against the priors, Stage 2 cannot shape the parts.",
+      mechanism_table(results),
+      "## Every run",
+      seed_table(results),
+      f"![Part maps of every variant on the same test images]({FIGURE})",
+  ]) + "\n"
+
+
+def readme_block(results: Dict) -> str:
+  return "\n\n".join([
+      f"Generated by `python -m metonymy.main --config=configs/synthetic_table3.py "
+      f"--workdir=DIR --config.world.seed={results['world_seed']} --config.readme=README.md` on "
+      f"{results['date'][:10]}; do not edit by hand. {_setting(results)}",
+      table3(results),
+      paired_table(results) + "\n\n" + "\n".join(f"- {line}" for line in summary_lines(results)),
+  ])
+
+
+def part_map_figure(path: str, config, dirs: Dict[Tuple[str, int], str], seed: int,
+                    num_images: int) -> bool:
+  """Fig. 4: the ground truth and every variant's discovered parts (run seed `seed`) on the same
+  first `num_images` scored images; colours are discovered part indices, not part names (a
+  discovered part has no name until it is matched to the truth)."""
+  variants = [v for v in config.variants if (v, seed) in dirs]
+  if not variants or num_images <= 0:
+    return False
+  first = loading.load_part_masks(dirs[(variants[0], seed)])
+  vit_config = first.model.backbone.config
+  data = subjobs.with_world(config.single, config.world).data
+  source, _ = inputs.sources(data)
+  batch = next(iter(inputs.eval_pipeline(source, data, vit_config.image_mean,
+                                         vit_config.image_std, num_images)))
+  images = np.asarray(batch["image"], np.float32)[:num_images]
+  shown = np.clip((images * np.asarray(vit_config.image_std) + np.asarray(vit_config.image_mean)),
+                  0.0, 1.0)
+  grey = np.repeat(shown.mean(-1, keepdims=True), 3, -1)
+  num_parts = int(first.num_parts)
+  cmap = matplotlib.colormaps.get_cmap("tab10")
+  colours = np.array([cmap(k % 10)[:3] for k in range(num_parts)] + [(0.0, 0.0, 0.0)])
+  truth = [masks_lib.segmentation_part_labels(source[i]["part_segmentation"], num_parts)
+           for i in range(num_images)] if "part_segmentation" in source[0] else None
+  rows = [("image", None)] + ([("ground truth", np.stack(truth))] if truth is not None else [])
+  for variant in variants:
+    labels, _ = loading.load_part_masks(dirs[(variant, seed)]).pixel_labels(
+        images, vit_config.image_mean, vit_config.image_std)
+    rows.append((label(variant), np.asarray(labels)))
+  fig, axes = plots.subplots(len(rows), num_images, figsize=(1.6 * num_images, 1.7 * len(rows)),
+                             squeeze=False)
+  for r, (title, labels) in enumerate(rows):
+    for i in range(num_images):
+      ax = axes[r][i]
+      if labels is None:
+        ax.imshow(shown[i])
+      else:
+        fg = (labels[i] < num_parts)[..., None]
+        ax.imshow(np.where(fg, 0.3 * grey[i] + 0.7 * colours[labels[i]], 0.5 * grey[i]))
+      ax.set_xticks([])
+      ax.set_yticks([])
+    axes[r][0].set_ylabel(title, fontsize=9)
+  handles = [patches.Rectangle((0, 0), 1, 1, color=colours[k]) for k in range(num_parts)]
+  true_names = ", ".join(f"{k} {n}" for k, n in enumerate(source.info.part_names))
+  fig.legend(handles, [f"part {k}" for k in range(num_parts)], loc="lower center",
+             ncol=num_parts, fontsize=8, title_fontsize=8,
+             title=f"colour k: discovered part k (ground-truth row: true part k, {true_names}); "
+                   "background greyed")
+  fig.suptitle(f"Part maps on the first {num_images} scored images, run seed {seed}", fontsize=10)
+  fig.tight_layout(rect=(0, 0.09, 1, 0.97))
+  fig.savefig(path, dpi=120)
+  return True
+
+
+def write(config, workdir: str, results: Dict, dirs) -> List[str]:
+  written = []
+  path = os.path.join(workdir, "results.json")
+  with open(path, "w") as f:
+    json.dump(results, f, indent=2)
+  written.append(path)
+  if part_map_figure(os.path.join(workdir, FIGURE), config, dirs, int(config.seeds[0]),
+                     int(config.figure_images)):
+    written.append(os.path.join(workdir, FIGURE))
+  path = os.path.join(workdir, "report.md")
+  with open(path, "w") as f:
+    f.write(markdown(results))
+  written.append(path)
+  if config.readme:
+    readme_blocks.write_block(config.readme, README_BLOCK, readme_block(results))
+    written.append(config.readme)
+  return written

@@ -1,0 +1,93 @@
+"""One Table-3 run: a variant (single, hard, ste, soft) at one run seed, trained and benchmarked
+through the project's own jobs, and its row read back from what they wrote."""
+
+import json
+import os
+from typing import Dict, Optional
+
+import ml_collections
+
+from metonymy import config_lib
+from metonymy.demo import subjobs
+
+TWO_STAGE = ("hard", "ste", "soft")
+ROW_KEYS = ("variant", "seed", "world_seed", "NMI", "ARI", "NMI_fg", "ARI_fg", "PS", "MPPO",
+            "mAP_stage1", "mAP_stage2", "mAP_ensemble", "max_part_share")
+
+
+def training_config(config, variant: str) -> ml_collections.ConfigDict:
+  """config.single for "single"; for a two-stage variant the same config with the two-stage model
+  of that mask (config_lib.two_stage), so the arms share everything else."""
+  if variant == "single":
+    return ml_collections.ConfigDict(config.single.to_dict())
+  if variant not in TWO_STAGE:
+    raise ValueError(f"config.variants: unknown variant {variant!r}; expected 'single' or one of "
+                     f"{TWO_STAGE}")
+  return config_lib.two_stage(config.single, mask=variant)
+
+
+def run_dir(workdir: str, variant: str, seed: int) -> str:
+  return os.path.join(workdir, f"{variant}_seed{int(seed)}")
+
+
+def train(config, variant: str, seed: int, backbone: str, workdir: str) -> str:
+  """Trains (or finds trained) `variant` at run seed `seed`; returns its train workdir."""
+  directory = os.path.join(run_dir(workdir, variant, seed), "train")
+  subjobs.run_training(training_config(config, variant), backbone, directory, config.world, seed)
+  return directory
+
+
+def benchmark(config, variant: str, seed: int, backbone: str, train_dir: str,
+              workdir: str) -> Dict:
+  """PS and MPPO of a trained model (paper Table 3): linear probes on its own part features over
+  its discovered parts: late masking of the frozen backbone for single-stage (Stage 1's pooled
+  features), early masking of the trained Stage-2 ViT for two-stage (Stage 2's isolated ones)."""
+  directory = os.path.join(run_dir(workdir, variant, seed), "probe")
+  results_path = os.path.join(directory, "results.json")
+  if os.path.exists(results_path):  # A rerun of the job: the probe already ran.
+    with open(results_path) as f:
+      return json.load(f)
+  bench = ml_collections.ConfigDict(config.benchmark.to_dict())
+  bench.masks.path = os.path.abspath(train_dir)
+  bench.features.maskings = ("late",) if variant == "single" else ("early",)
+  bench.backbone_name = f"{variant} seed {seed}"
+  source = backbone if variant == "single" else train_dir
+  return subjobs.run_benchmark(ml_collections.ConfigDict({"benchmark": bench, "seed": seed}),
+                               source, directory, config.world,
+                               title=f"{variant}, run seed {seed}: its own part features")
+
+
+def row(variant: str, seed: int, world_seed: int, train_dir: str, probe: Dict) -> Dict:
+  """The results.json row of one run (ROW_KEYS first), plus what Stage 2's training and the
+  mechanism need: Stage 2's mAP at step 0, the relative change of Stage 2's ViT, and the
+  gradient norm of each loss term at Stage 1's prototypes at the start and the end."""
+  evals = subjobs.evaluations(train_dir)
+  first, last = evals[0], evals[-1]
+  masking = "late" if variant == "single" else "early"
+  mechanism = subjobs.records(train_dir, "mechanism/grad_norm/")
+  change = subjobs.records(train_dir, "train/relative_change/")
+  end = max(change) if change else None
+  return {
+      "variant": variant, "seed": int(seed), "world_seed": int(world_seed),
+      "NMI": last.get("parts/NMI"), "ARI": last.get("parts/ARI"),
+      "NMI_fg": last.get("parts/NMI_fg"), "ARI_fg": last.get("parts/ARI_fg"),
+      "PS": _value(probe.get(f"ps_{masking}")), "MPPO": _value(probe.get(f"mppo_{masking}")),
+      "mAP_stage1": last.get("stage1/mAP"), "mAP_stage2": last.get("stage2/mAP"),
+      "mAP_ensemble": last.get("ensemble/mAP"), "max_part_share": last.get("part_share/max"),
+      "collapsed": bool(last.get("collapsed", 0.0)),
+      "step": last["step"], "start_step": first["step"],
+      "mAP_stage2_start": first.get("stage2/mAP") if first["step"] == 0 else None,
+      "mAP_stage1_start": first.get("stage1/mAP") if first["step"] == 0 else None,
+      "relative_change": change.get(end, {}) if end is not None else {},
+      "grad_norm_start": mechanism.get(0, {}),
+      "grad_norm_end": mechanism.get(max(mechanism), {}) if len(mechanism) > 1 else {},
+      "part_share": [last[f"part_share/{k}"] for k in range(_num_groups(last))],
+  }
+
+
+def _num_groups(scalars: Dict) -> int:
+  return sum(1 for k in scalars if k.startswith("part_share/") and k.split("/")[1].isdigit())
+
+
+def _value(x) -> Optional[float]:
+  return None if x is None else float(x)

@@ -1,0 +1,136 @@
+"""The Table-3 job (configs/synthetic_table3.py): its statistics, and the `small` job end to end:
+every (variant, run seed) row, the arms starting from one Stage-1 state, the paired differences,
+report.md, the figure and README's block."""
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from metonymy import config_lib
+from metonymy import readme_blocks
+from metonymy import table3
+from metonymy.table3 import report
+from metonymy.table3 import runs
+from metonymy.table3 import stats
+from tests import compile_cache
+
+compile_cache.enable()
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG_FILE = os.path.join(ROOT, "configs", "synthetic_table3.py")
+
+
+def test_t_interval_is_students():
+  diffs = [1.0, 3.0, 2.5]
+  out = stats.t_interval(diffs)
+  half = scipy_stats.t.ppf(0.975, 2) * np.std(diffs, ddof=1) / math.sqrt(3)
+  assert out["mean"] == pytest.approx(np.mean(diffs))
+  assert out["ci"] == pytest.approx([np.mean(diffs) - half, np.mean(diffs) + half])
+  assert stats.t_interval([2.0])["ci"] is None and stats.t_interval([])["mean"] is None
+
+
+def test_paired_differences_pair_by_seed_not_by_position():
+  rows = [{"variant": "single", "seed": 0, "NMI": 10.0}, {"variant": "single", "seed": 1, "NMI": 30.0},
+          {"variant": "ste", "seed": 1, "NMI": 31.0}, {"variant": "ste", "seed": 0, "NMI": 12.0},
+          {"variant": "ste", "seed": 2, "NMI": 50.0}]  # seed 2 has no single-stage partner
+  out = stats.paired(rows, metrics=("NMI",))["ste"]
+  assert out["seeds"] == [0, 1]
+  assert out["NMI"]["differences"] == [2.0, 1.0] and out["NMI"]["mean"] == pytest.approx(1.5)
+  summary = stats.summary(rows, metrics=("NMI",))
+  assert summary["ste"]["NMI"]["mean"] == pytest.approx(31.0) and summary["ste"]["NMI"]["n"] == 3
+  assert summary["single"]["NMI"]["sd"] == pytest.approx(np.std([10.0, 30.0], ddof=1))
+
+
+def test_configs_load_and_refuse_unknown_args():
+  full = config_lib.load_config(CONFIG_FILE)
+  assert full.variants == ("single", "hard", "ste", "soft") and len(full.seeds) >= 3
+  assert full.single.data.eval_split == "test"
+  assert config_lib.load_config(CONFIG_FILE, "split=val").single.data.eval_split == "val"
+  off = config_lib.load_config(CONFIG_FILE, "priors=off").single.loss.weights
+  assert off.attribute == 1.0 and off.orthogonality == 0.0 and off.background_presence == 0.0
+  paper = config_lib.load_config(CONFIG_FILE, "paper_stage2_rate").single.optimizer
+  assert paper.learning_rates.backbone == 2e-6
+  with pytest.raises(ValueError, match="small"):
+    config_lib.load_config(CONFIG_FILE, "smal")
+  with pytest.raises(ValueError, match="priors"):
+    config_lib.load_config(CONFIG_FILE, "priors=some")
+  # The two-stage arms are the single-stage run with another model, nothing else.
+  single = runs.training_config(full, "single").to_dict()
+  for variant in ("hard", "ste", "soft"):
+    two = runs.training_config(full, variant).to_dict()
+    assert two["model"]["stage2"]["mask"] == variant
+    assert {k: v for k, v in two.items() if k != "model"} == {
+        k: v for k, v in single.items() if k != "model"}
+  with pytest.raises(ValueError, match="unknown variant"):
+    runs.training_config(full, "late")
+
+
+@pytest.fixture(scope="module")
+def small_job(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("table3"))
+  readme_path = os.path.join(workdir, "README_copy.md")
+  with open(readme_path, "w") as f:
+    f.write("# x\n" + "\n".join(readme_blocks.markers(report.README_BLOCK)) + "\ntail\n")
+  config = config_lib.load_config(CONFIG_FILE, "small")
+  config.readme = readme_path
+  return workdir, table3.run(config, workdir), readme_path
+
+
+@pytest.mark.slow
+def test_small_job_writes_every_row_and_the_paired_comparison(small_job):
+  workdir, results, _ = small_job
+  with open(os.path.join(workdir, "results.json")) as f:
+    saved = json.load(f)
+  rows = saved["rows"]
+  assert [(r["variant"], r["seed"]) for r in rows] == [
+      (v, s) for s in (0, 1) for v in ("single", "hard", "ste", "soft")]
+  for r in rows:
+    assert set(runs.ROW_KEYS) <= set(r) and r["world_seed"] == 0
+    assert 0.0 <= r["NMI"] <= 100.0 and 0.0 < r["mAP_stage1"] <= 1.0
+    assert r["PS"] is not None and r["MPPO"] is not None
+    assert (r["mAP_stage2"] is None) == (r["variant"] == "single")
+    assert r["grad_norm_start"] and r["grad_norm_end"]
+    assert ("attribute_stage2" in r["grad_norm_start"]) == (r["variant"] != "single")
+    if r["variant"] != "single":
+      assert r["relative_change"]["backbone"] > 0.0 and r["mAP_stage2_start"] is not None
+  by = {(r["variant"], r["seed"]): r for r in rows}
+  for seed in (0, 1):
+    single = by[("single", seed)]
+    for variant in ("hard", "ste", "soft"):
+      two = by[(variant, seed)]
+      # One Stage-1 initialisation, data order and noise for both arms: at step 0 Stage 1 is
+      # the same model (same mAP) and every prior sends it the same gradient.
+      assert two["mAP_stage1_start"] == single["mAP_stage1_start"], (variant, seed)
+      for term, value in single["grad_norm_start"].items():
+        assert two["grad_norm_start"][term] == pytest.approx(value, rel=1e-5), (variant, term)
+  # Another run seed is another initialisation.
+  assert by[("single", 0)]["grad_norm_start"] != by[("single", 1)]["grad_norm_start"]
+  # Summary and paired differences are the rows' own numbers.
+  for variant in ("single", "hard", "ste", "soft"):
+    nmi = [by[(variant, s)]["NMI"] for s in (0, 1)]
+    assert saved["summary"][variant]["NMI"]["mean"] == pytest.approx(np.mean(nmi))
+  for variant in ("hard", "ste", "soft"):
+    diffs = [by[(variant, s)]["ARI"] - by[("single", s)]["ARI"] for s in (0, 1)]
+    assert saved["paired"][variant]["ARI"]["differences"] == pytest.approx(diffs)
+  assert 0.0 < saved["chance_mAP"] < 1.0
+  assert saved["protocol"]["epochs"] == 2 and saved["protocol"]["steps"] > 0
+
+
+@pytest.mark.slow
+def test_small_job_writes_the_report_figure_and_readme_block(small_job):
+  workdir, results, readme_path = small_job
+  with open(os.path.join(workdir, "report.md")) as f:
+    text = f.read()
+  assert "| Setting | Method | ARI | NMI | PS | MPPO | mAP Stage 1 |" in text
+  assert "(chance level)" in text and "Does Stage 2 train?" in text
+  assert "attribute_stage2" in text and "collapse watch" in text
+  assert os.path.getsize(os.path.join(workdir, report.FIGURE)) > 10_000
+  _, block, tail = readme_blocks.read_block(readme_path, report.README_BLOCK)
+  assert "| Two-stage | STE masks |" in block and tail.strip() == "tail"
+  # A rerun on the finished workdir trains nothing and reports the same numbers.
+  config = config_lib.load_config(CONFIG_FILE, "small")
+  again = table3.run(config, workdir)
+  assert again["rows"] == results["rows"]
