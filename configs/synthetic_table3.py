@@ -43,7 +43,7 @@ PRIOR_WEIGHTS = ("orthogonality", "total_variation", "equivariance", "foreground
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
   arg = config_lib.parse_arg(arg, small=False, paper_stage2_rate=False, priors=PRIORS,
-                             split="test")
+                             split="test", demo_length=False)
   if arg.priors not in ("paper", "off"):
     raise ValueError(f"Config argument priors={arg.priors!r}: expected 'paper' or 'off'.")
   if arg.split not in ("val", "test"):
@@ -75,13 +75,19 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   single.data.train_examples = 64 if arg.small else TRAIN_EXAMPLES
   single.trainer.num_steps = 0
   single.trainer.num_epochs = 2 if arg.small else EPOCHS
-  single.trainer.log_every_steps = 4 if arg.small else 64
-  single.trainer.eval_every_steps = 0 if arg.small else 640
+  single.trainer.log_every_steps = 4 if arg.small else 50
+  single.trainer.eval_every_steps = 0 if arg.small else 500
   single.trainer.checkpoint_every_steps = 0
   single.trainer.eval_at_start = True
   single.trainer.term_gradient_batches = 1 if arg.small else 3
-  if not arg.paper_stage2_rate:
-    single.optimizer.learning_rates.backbone = STAGE2_BACKBONE_RATE
+  single.data.eval_examples = 0  # every image of the split (the demo scores 256)
+  if arg.demo_length:  # The counterfactuals' budget: the demo's steps over the whole split.
+    single.data.train_examples = 0
+    single.trainer.num_steps = demo.single.trainer.num_steps
+    single.trainer.eval_every_steps = single.trainer.num_steps
+    single.data.eval_examples = demo.single.data.eval_examples
+  if arg.paper_stage2_rate:
+    single.optimizer.learning_rates.backbone = config_lib.part_optimizer().learning_rates.backbone
   if arg.priors == "off":
     for key in PRIOR_WEIGHTS:
       single.loss.weights[key] = 0.0

@@ -23,12 +23,14 @@ from metonymy.training import optimizer
 README_BLOCK = "table3:results"
 FIGURE = "fig4_part_maps.png"
 NAMES = {"single": ("Single-stage", "–"), "hard": ("Two-stage", "Hard masks"),
-         "ste": ("Two-stage", "STE masks"), "soft": ("Two-stage", "Soft masks")}
+         "ste": ("Two-stage", "STE masks"), "soft": ("Two-stage", "Soft masks"),
+         "hard_none": ("Two-stage", "Hard masks, no gradient to Stage 1")}
 # Table 3's columns, then Table S6's (attribute mAP of each head), then the collapse watch.
 COLUMNS = (("ARI", "ARI", 1), ("NMI", "NMI", 1), ("PS", "PS", 3), ("MPPO", "MPPO", 3),
            ("mAP_stage1", "mAP Stage 1", 3), ("mAP_stage2", "mAP Stage 2", 3),
            ("mAP_ensemble", "mAP ensemble", 3), ("max_part_share", "largest part share", 2))
-LABELS = {"single": "single-stage", "hard": "hard", "ste": "STE", "soft": "soft"}
+LABELS = {"single": "single-stage", "hard": "hard", "ste": "STE", "soft": "soft",
+          "hard_none": "hard, no gradient"}
 PAIRED = (("NMI", 1), ("ARI", 1), ("NMI_fg", 1), ("ARI_fg", 1), ("PS", 3), ("MPPO", 3),
           ("mAP_stage1", 3))
 

@@ -10,7 +10,10 @@ import ml_collections
 from metonymy import config_lib
 from metonymy.demo import subjobs
 
-TWO_STAGE = ("hard", "ste", "soft")
+# Two-stage variants: name -> (mask, hard_gradient). "hard_none" is the counterfactual with no
+# Stage-2 gradient into Stage 1 (the main text's reading of hard masks).
+TWO_STAGE = {"hard": ("hard", "selected"), "ste": ("ste", "selected"), "soft": ("soft", "selected"),
+             "hard_none": ("hard", "none")}
 ROW_KEYS = ("variant", "seed", "world_seed", "NMI", "ARI", "NMI_fg", "ARI_fg", "PS", "MPPO",
             "mAP_stage1", "mAP_stage2", "mAP_ensemble", "max_part_share")
 
@@ -22,8 +25,9 @@ def training_config(config, variant: str) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(config.single.to_dict())
   if variant not in TWO_STAGE:
     raise ValueError(f"config.variants: unknown variant {variant!r}; expected 'single' or one of "
-                     f"{TWO_STAGE}")
-  return config_lib.two_stage(config.single, mask=variant)
+                     f"{sorted(TWO_STAGE)}")
+  mask, hard_gradient = TWO_STAGE[variant]
+  return config_lib.two_stage(config.single, mask=mask, hard_gradient=hard_gradient)
 
 
 def run_dir(workdir: str, variant: str, seed: int) -> str:
