@@ -71,6 +71,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # The training run of every variant: single-stage here, two-stage = this with the variant's
   # Stage-2 model (config_lib.two_stage, applied by the job), so they cannot drift apart.
   single = demo.single
+  demo_steps, demo_eval_examples = single.trainer.num_steps, single.data.eval_examples
   single.data.eval_split = arg.split
   single.data.train_examples = 64 if arg.small else TRAIN_EXAMPLES
   single.trainer.num_steps = 0
@@ -83,9 +84,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   single.data.eval_examples = 0  # every image of the split (the demo scores 256)
   if arg.demo_length:  # The counterfactuals' budget: the demo's steps over the whole split.
     single.data.train_examples = 0
-    single.trainer.num_steps = demo.single.trainer.num_steps
-    single.trainer.eval_every_steps = single.trainer.num_steps
-    single.data.eval_examples = demo.single.data.eval_examples
+    single.trainer.num_steps = demo_steps
+    single.trainer.eval_every_steps = demo_steps
+    single.data.eval_examples = demo_eval_examples
   if arg.paper_stage2_rate:
     single.optimizer.learning_rates.backbone = config_lib.part_optimizer().learning_rates.backbone
   if arg.priors == "off":
