@@ -33,7 +33,8 @@ def test_t_interval_is_students():
 
 
 def test_paired_differences_pair_by_seed_not_by_position():
-  rows = [{"variant": "single", "seed": 0, "NMI": 10.0}, {"variant": "single", "seed": 1, "NMI": 30.0},
+  rows = [{"variant": "single", "seed": 0, "NMI": 10.0},
+          {"variant": "single", "seed": 1, "NMI": 30.0},
           {"variant": "ste", "seed": 1, "NMI": 31.0}, {"variant": "ste", "seed": 0, "NMI": 12.0},
           {"variant": "ste", "seed": 2, "NMI": 50.0}]  # seed 2 has no single-stage partner
   out = stats.paired(rows, metrics=("NMI",))["ste"]

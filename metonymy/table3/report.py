@@ -14,6 +14,7 @@ from metonymy import loading
 from metonymy import readme_blocks
 from metonymy.data import pipeline
 from metonymy.demo import subjobs
+from metonymy.demo import text
 from metonymy.probe import masks as masks_lib
 from metonymy.probe import plots
 from metonymy.probe import report as probe_report
@@ -58,34 +59,31 @@ def label(variant: str) -> str:
   return LABELS.get(variant, variant)
 
 
-def _f(value, digits: int) -> str:
-  if value is None or (isinstance(value, float) and not math.isfinite(value)):
-    return "n/a"
-  return f"{value:.{digits}f}"
-
-
 def _mean_sd(cell: Dict, digits: int) -> str:
   if cell["mean"] is None:
     return "n/a"
-  return _f(cell["mean"], digits) + ("" if cell["sd"] is None else f" ± {_f(cell['sd'], digits)}")
+  sd = "" if cell["sd"] is None else f" ± {text.fmt(cell['sd'], digits)}"
+  return text.fmt(cell["mean"], digits) + sd
 
 
 def _interval(cell: Dict, digits: int) -> str:
   if cell["mean"] is None:
     return "n/a"
-  text = f"{cell['mean']:+.{digits}f}"
+  shown = f"{cell['mean']:+.{digits}f}"
   if cell["ci"] is not None:
     lo, hi = cell["ci"]
-    text += f" [{lo:+.{digits}f}, {hi:+.{digits}f}]"
-  return f"**{text}**" if cell["ci"] is not None and (cell["ci"][0] > 0 or cell["ci"][1] < 0) else text
+    shown += f" [{lo:+.{digits}f}, {hi:+.{digits}f}]"
+  excludes_zero = cell["ci"] is not None and (cell["ci"][0] > 0 or cell["ci"][1] < 0)
+  return f"**{shown}**" if excludes_zero else shown
 
 
 def row_line(row: Dict) -> str:
   """One console line per finished run."""
-  return (f"[table3] {row['variant']} seed {row['seed']}: NMI {_f(row['NMI'], 1)}, ARI "
-          f"{_f(row['ARI'], 1)}, PS {_f(row['PS'], 3)}, MPPO {_f(row['MPPO'], 3)}, mAP stage 1 "
-          f"{_f(row['mAP_stage1'], 3)} / stage 2 {_f(row['mAP_stage2'], 3)}, largest part share "
-          f"{_f(row['max_part_share'], 2)}{' COLLAPSED' if row['collapsed'] else ''}")
+  fmt = text.fmt
+  return (f"[table3] {row['variant']} seed {row['seed']}: NMI {fmt(row['NMI'], 1)}, ARI "
+          f"{fmt(row['ARI'], 1)}, PS {fmt(row['PS'], 3)}, MPPO {fmt(row['MPPO'], 3)}, mAP stage 1 "
+          f"{fmt(row['mAP_stage1'], 3)} / stage 2 {fmt(row['mAP_stage2'], 3)}, largest part share "
+          f"{fmt(row['max_part_share'], 2)}{' COLLAPSED' if row['collapsed'] else ''}")
 
 
 def table3(results: Dict) -> str:
@@ -96,7 +94,7 @@ def table3(results: Dict) -> str:
     setting, method = NAMES.get(variant, (variant, ""))
     rows.append([setting, method] + [_mean_sd(cells[key], d) for key, _, d in COLUMNS])
   chance = ["constant predictor", "(chance level)", "0", "0", "0", "", "", "", "", ""]
-  chance[COLUMNS.index(("mAP_stage1", "mAP Stage 1", 3)) + 2] = _f(results["chance_mAP"], 3)
+  chance[COLUMNS.index(("mAP_stage1", "mAP Stage 1", 3)) + 2] = text.fmt(results["chance_mAP"], 3)
   rows.append(chance)
   return probe_report.markdown_table(header, rows)
 
@@ -131,11 +129,11 @@ def stage2_table(results: Dict) -> str:
     if variant == "single":
       continue
     rows.append([label(variant),
-                 _f(_mean(r["relative_change"].get("backbone") for r in rs), 4),
-                 _f(_mean(r["mAP_stage2_start"] for r in rs), 3),
-                 _f(_mean(r["mAP_stage2"] for r in rs), 3),
-                 _f(_mean(r["mAP_stage1_start"] for r in rs), 3),
-                 _f(_mean(r["mAP_stage1"] for r in rs), 3)])
+                 text.fmt(_mean(r["relative_change"].get("backbone") for r in rs), 4),
+                 text.fmt(_mean(r["mAP_stage2_start"] for r in rs), 3),
+                 text.fmt(_mean(r["mAP_stage2"] for r in rs), 3),
+                 text.fmt(_mean(r["mAP_stage1_start"] for r in rs), 3),
+                 text.fmt(_mean(r["mAP_stage1"] for r in rs), 3)])
   return probe_report.markdown_table(header, rows)
 
 
@@ -150,7 +148,7 @@ def mechanism_table(results: Dict) -> str:
   for variant, rs in _by_variant(results["rows"]).items():
     for when, key in (("step 0", "grad_norm_start"), ("end", "grad_norm_end")):
       rows.append([label(variant), when]
-                  + [_f(_mean(r[key].get(t) for r in rs), 3) for t in terms])
+                  + [text.fmt(_mean(r[key].get(t) for r in rs), 3) for t in terms])
   return probe_report.markdown_table(header, rows)
 
 
@@ -160,7 +158,7 @@ def seed_table(results: Dict) -> str:
   digits = {"PS": 3, "MPPO": 3, "mAP_stage1": 3, "mAP_stage2": 3, "mAP_ensemble": 3,
             "max_part_share": 2}
   rows = [[str(r[k]) if k in ("variant", "seed", "world_seed", "collapsed")
-           else _f(r[k], digits.get(k, 1)) for k in keys] for r in results["rows"]]
+           else text.fmt(r[k], digits.get(k, 1)) for k in keys] for r in results["rows"]]
   return probe_report.markdown_table(list(keys), rows)
 
 
@@ -212,7 +210,7 @@ def summary_lines(results: Dict) -> List[str]:
 
 
 def markdown(results: Dict) -> str:
-  chance = _f(results["chance_mAP"], 3)
+  chance = text.fmt(results["chance_mAP"], 3)
   return "\n\n".join([
       f"# Table 3 on the synthetic world (world seed {results['world_seed']})",
       _setting(results),
