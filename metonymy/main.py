@@ -18,6 +18,7 @@ from ml_collections import config_flags
 from metonymy import config_checks
 from metonymy import config_lib
 from metonymy import distributed
+from metonymy import preflight
 from metonymy import workdir_claim
 from metonymy.training import writers
 
@@ -66,6 +67,7 @@ def main(argv):
     raise app.UsageError(f"Unknown job {config.job!r}; known jobs: {sorted(JOBS)}.")
   try:
     config_checks.check(config)
+    preflight.check(config)  # Every input exists before the workdir is claimed or written.
   except ValueError as e:
     sys.exit(f"error: {e}")
   distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)

@@ -34,3 +34,25 @@ def test_an_unknown_override_or_arg_fails_naming_it():
   proc = _main("--config=configs/demo.py:small", "--print_config")
   assert proc.returncode != 0
   assert "Unknown config argument 'small'" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_a_missing_input_is_one_error_line_and_leaves_the_workdir_untouched(tmp_path):
+  """A data root or checkpoint that is not there fails before the workdir is claimed: one
+  `error:` line naming the key and the file, no traceback, no config.json, no lock."""
+  workdir = tmp_path / "W"
+  empty = tmp_path / "not_cub"
+  empty.mkdir()
+  for args, named in (
+      ((f"--config.data.root={tmp_path / 'no_such_cub'}",), "config.data.root="),
+      ((f"--config.data.root={empty}",), f"missing required file: {empty}/images.txt"),
+      ((f"--config.data.root={empty}", f"--config.backbone.checkpoint={tmp_path / 'nope'}"),
+       "config.backbone.checkpoint=")):
+    proc = _main("--config=configs/cub_single.py:runlocal", *args, f"--workdir={workdir}")
+    assert proc.returncode != 0
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert lines and all(l.startswith("error: ") for l in lines), proc.stderr[-3000:]
+    assert named in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert not workdir.exists()
+  proc = _main("--config=configs/probe_cub.py", f"--config.data.root={empty}",
+               f"--config.masks.path={tmp_path / 'maps_{split}.npy'}", f"--workdir={workdir}")
+  assert proc.returncode != 0 and "error: " in proc.stderr and not workdir.exists()
