@@ -96,19 +96,20 @@ def main(argv):
 
 
 def check_overrides(argv) -> None:
-  """Fails with the full key path when a --config.a.b=v override names a key the config lacks.
+  """Fails with the full key path when a --config.a.b=v override names a key the config lacks,
+  and with the config file's own message when it refuses its `:arg`.
 
   config_flags itself fails on such keys too, but with a bare AttributeError; this says which
   override, which key, and what keys exist at that level.
   """
   spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
   overrides = [a[len("--config."):].split("=", 1)[0] for a in argv if a.startswith("--config.")]
-  if spec is None or not overrides:
+  if spec is None:
     return
   config_file, _, arg = spec.partition(":")
-  try:
+  try:  # Also the file's own check of its arg (`:runlocl`), as one line instead of absl's FATAL.
     config = config_lib.load_config(config_file, arg)
-  except FileNotFoundError as e:
+  except (FileNotFoundError, ValueError) as e:
     raise app.UsageError(str(e)) from e
   for path in overrides:
     node, walked = config, []

@@ -34,6 +34,11 @@ def test_an_unknown_override_or_arg_fails_naming_it():
   proc = _main("--config=configs/demo.py:small", "--print_config")
   assert proc.returncode != 0
   assert "Unknown config argument 'small'" in proc.stderr, proc.stderr[-3000:]
+  # A typo in the arg is one error line, not absl's FATAL flag-parsing traceback.
+  proc = _main("--config=configs/synthetic_single.py:runlocl", "--workdir=/tmp/unused")
+  assert proc.returncode != 0
+  assert proc.stderr.strip().startswith("error: Unknown config argument 'runlocl'"), proc.stderr
+  assert "FATAL" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
 
 
 def test_a_missing_input_is_one_error_line_and_leaves_the_workdir_untouched(tmp_path):
