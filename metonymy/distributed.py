@@ -1,13 +1,14 @@
 """Multi-host start-up: `jax.distributed.initialize()` when the job spans several processes.
 
-JAX auto-detects SLURM, Cloud TPU and Kubernetes (JobSet) clusters; elsewhere the coordinator is
-given explicitly (`--coordinator_address`, `--num_processes`, `--process_id`, or the
+JAX auto-detects SLURM, Cloud TPU and Kubernetes (JobSet) clusters (under SLURM with the GPUs
+bound to tasks, this module names each task's devices: `slurm_local_device_ids`); elsewhere the
+coordinator is given explicitly (`--coordinator_address`, `--num_processes`, `--process_id`, or the
 `METONYMY_COORDINATOR` / `METONYMY_NUM_PROCESSES` / `METONYMY_PROCESS_ID` environment variables
 that `launch/local.sh` sets). A single process on one machine initializes nothing.
 """
 
 import os
-from typing import Optional
+from typing import List, Optional
 
 import jax
 from absl import logging
@@ -20,6 +21,36 @@ def _cluster_detected() -> bool:
   if env.get("TPU_WORKER_HOSTNAMES") and "," in env["TPU_WORKER_HOSTNAMES"]:
     return True  # A multi-host Cloud TPU slice.
   return "JOBSET_NAME" in env or "MEGASCALE_COORDINATOR_ADDRESS" in env
+
+
+def _tasks_on_this_node(env) -> Optional[int]:
+  """SLURM's task count on this node: SLURM_NTASKS_PER_NODE, else SLURM_TASKS_PER_NODE's entry
+  for the first node group ("8(x2),4" -> 8; this node's share when the job is regular)."""
+  if env.get("SLURM_NTASKS_PER_NODE", "").isdigit():
+    return int(env["SLURM_NTASKS_PER_NODE"])
+  first = env.get("SLURM_TASKS_PER_NODE", "").split(",")[0].split("(")[0]
+  return int(first) if first.isdigit() else None
+
+
+def slurm_local_device_ids(env) -> Optional[List[int]]:
+  """The GPUs of this SLURM task as indices among the devices it can see, or None for JAX's
+  own choice.
+
+  JAX's SLURM detection takes local device [SLURM_LOCALID]: right when every task of a node
+  sees all of the node's GPUs, wrong when SLURM binds GPUs to tasks (`--gpus-per-task=1`,
+  `--gpu-bind`): then task 3 sees one device, index 0, and device 3 is "invalid device ordinal"
+  (JAX issues #28194, #23452). So a task whose CUDA_VISIBLE_DEVICES (ROCR_VISIBLE_DEVICES on AMD)
+  holds its own share takes every device it sees; one that sees as many devices as the node has
+  tasks takes its local id, as JAX would.
+  """
+  visible = env.get("CUDA_VISIBLE_DEVICES") or env.get("ROCR_VISIBLE_DEVICES")
+  if not visible or "SLURM_LOCALID" not in env:
+    return None
+  count = len([d for d in visible.split(",") if d.strip()])
+  tasks = _tasks_on_this_node(env)
+  if tasks is not None and tasks > 1 and count == tasks:
+    return [int(env["SLURM_LOCALID"])]  # Unbound: every task sees the whole node.
+  return list(range(count))  # Bound: this task's own devices, whatever their global numbers.
 
 
 def initialize(coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,
@@ -40,7 +71,7 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
                        f"(got {num_processes!r}, {process_id!r}).")
     jax.distributed.initialize(coordinator_address, num_processes, process_id)
   elif _cluster_detected():
-    jax.distributed.initialize()
+    jax.distributed.initialize(local_device_ids=slurm_local_device_ids(env))
   else:
     return False
   logging.info("jax.distributed: process %d of %d, %d local / %d global devices",
