@@ -251,7 +251,7 @@ def part_map_figure(path: str, config, dirs: Dict[Tuple[str, int], str], seed: i
                     num_images: int) -> bool:
   """Fig. 4: the ground truth and every variant's discovered parts (run seed `seed`) on the same
   first `num_images` scored images; colours are discovered part indices, not part names (a
-  discovered part has no name until it is matched to the truth)."""
+  discovered part has no name until it is matched to the truth: "part 1..K")."""
   variants = [v for v in config.variants if (v, seed) in dirs]
   if not variants or num_images <= 0:
     return False
@@ -289,11 +289,11 @@ def part_map_figure(path: str, config, dirs: Dict[Tuple[str, int], str], seed: i
       ax.set_yticks([])
     axes[r][0].set_ylabel(title, fontsize=9)
   handles = [patches.Rectangle((0, 0), 1, 1, color=colours[k]) for k in range(num_parts)]
-  true_names = ", ".join(f"{k} {n}" for k, n in enumerate(source.info.part_names))
-  fig.legend(handles, [f"part {k}" for k in range(num_parts)], loc="lower center",
+  true_names = ", ".join(f"{k + 1} {n}" for k, n in enumerate(source.info.part_names))
+  fig.legend(handles, [f"part {k + 1}" for k in range(num_parts)], loc="lower center",
              ncol=num_parts, fontsize=8, title_fontsize=8,
-             title=f"colour k: discovered part k (ground-truth row: true part k, {true_names}); "
-                   "background greyed")
+             title=f"discovered parts 1..{num_parts} (ground-truth row: the true parts, "
+                   f"{true_names}); background greyed")
   fig.suptitle(f"Part maps on the first {num_images} scored images, run seed {seed}", fontsize=10)
   fig.tight_layout(rect=(0, 0.09, 1, 0.97))
   fig.savefig(path, dpi=120)
