@@ -141,6 +141,8 @@ def _part_discovery(scalars: Dict[str, float]) -> Dict:
   for k in ("NMI", "ARI", "NMI_fg", "ARI_fg"):
     out[k] = _pick(scalars, f"parts/{k}")
   out["num_examples"] = scalars.get("num_examples")
+  # Does Stage 2 train? |theta - theta_0| / |theta_0| of its ViT over the run (two-stage only).
+  out["stage2_vit_relative_change"] = _pick(scalars, "relative_change/backbone")
   # Collapse watch (training/evaluate.py): each part's share of the evaluation patches.
   shares = sorted((int(k.split("/")[1]), v) for k, v in scalars.items()
                   if k.startswith("part_share/") and k.split("/")[1].isdigit())

@@ -41,15 +41,18 @@ def run_benchmark(config, backbone: str, workdir: str, world, title: str = "") -
 def run_training(sub, backbone: str, workdir: str, world, seed: int) -> Dict[str, float]:
   """Step 3: the train job from `backbone` with run seed `seed` (its prototype init, Gumbel
   noise, data order and augmentation; the world is `world`'s own seed); returns the last
-  evaluation's scalars (read back from metrics.jsonl, so a rerun that finds the run complete
-  still reports them)."""
+  evaluation's scalars and each optimizer group's relative weight change at its end
+  (`relative_change/<group>`; read back from metrics.jsonl, so a rerun that finds the run
+  complete still reports them)."""
   sub = with_world(sub, world)
   sub.seed = int(seed)
   sub.backbone.checkpoint = os.path.abspath(backbone)
   os.makedirs(workdir, exist_ok=True)
   _write_config(sub, workdir)
   trainer.run(sub, workdir)
-  return last_eval(workdir)
+  changes = records(workdir, "train/relative_change/")
+  moved = {f"relative_change/{k}": v for k, v in changes[max(changes)].items()} if changes else {}
+  return dict(last_eval(workdir), **moved)
 
 
 def records(workdir: str, prefix: str) -> Dict[int, Dict[str, float]]:
