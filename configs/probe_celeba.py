@@ -10,7 +10,9 @@ in 8 groups; only eye, nose and mouth have landmarks, so K_g^+ of the other five
 set by inspecting the part overlays (evaluation.manual_assignment; the ids above are an example
 only). Groups without an assignment are left out of PS and listed in the report. Subsets keep the
 run affordable (0 = the whole split).
-arg: `preset=NAME`, the architecture built when no checkpoint is given (tests only).
+arg: `preset=NAME`, the architecture built when no checkpoint is given (tests only);
+`runlocal`, 32-px images and no bootstrap (config_lib.shrink_probe_for_cpu: a fixture with a
+`runlocal` training workdir as backbone and masks, in seconds).
 """
 
 import ml_collections
@@ -19,7 +21,7 @@ from metonymy import config_lib
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-  arg = config_lib.parse_arg(arg, preset="vit_b16")
+  arg = config_lib.parse_arg(arg, preset="vit_b16", runlocal=False)
   config = ml_collections.ConfigDict()
   config.job = "probe"
   config.seeds = (0,)
@@ -35,4 +37,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   config.probe = config_lib.linear_probe()
   config.evaluation = config_lib.probe_evaluation()
   config.report = ml_collections.ConfigDict({"title": ""})
+  if arg.runlocal:
+    config_lib.shrink_probe_for_cpu(config)
   return config

@@ -9,7 +9,9 @@ Probes train on a subset of the train split, choose weight decay on `valid` and 
 CheXlocalize's `test` split, whose radiologist masks give MPPO (eq. 2): for each of the 10 tasks,
 how often the part with the largest logit overlaps the task's ground-truth mask. PS needs keypoint
 groups and is not defined here. Uncertain labels (-1) are ignored (attribute_valid False).
-arg: `preset=NAME`, the architecture built when no checkpoint is given (tests only).
+arg: `preset=NAME`, the architecture built when no checkpoint is given (tests only);
+`runlocal`, 32-px images and no bootstrap (config_lib.shrink_probe_for_cpu: a fixture with a
+`runlocal` training workdir as backbone and masks, in seconds).
 """
 
 import ml_collections
@@ -18,7 +20,7 @@ from metonymy import config_lib
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-  arg = config_lib.parse_arg(arg, preset="vit_b14_reg4")
+  arg = config_lib.parse_arg(arg, preset="vit_b14_reg4", runlocal=False)
   config = ml_collections.ConfigDict()
   config.job = "probe"
   config.seeds = (0,)
@@ -34,4 +36,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   config.probe = config_lib.linear_probe()
   config.evaluation = config_lib.probe_evaluation()
   config.report = ml_collections.ConfigDict({"title": ""})
+  if arg.runlocal:
+    config_lib.shrink_probe_for_cpu(config)
   return config

@@ -12,7 +12,9 @@ Part masks: K discovered parts saved by a part-discovery model (e.g. PDiscoForme
 --config.masks.num_parts=K to have a file with another K refused (probe/masks.py FileMasks).
 CUB has no val split: 20% of train is held out (by seed) to choose weight decay. The 248
 attributes of Table S9 in 7 groups; K_g^+ from the contingency with the 7 merged keypoint groups.
-arg: `preset=NAME`, the architecture built when no checkpoint is given (tests only).
+arg: `preset=NAME`, the architecture built when no checkpoint is given (tests only);
+`runlocal`, 32-px images and no bootstrap (config_lib.shrink_probe_for_cpu: a fixture with a
+`runlocal` training workdir as backbone and masks, in seconds).
 """
 
 import ml_collections
@@ -21,7 +23,7 @@ from metonymy import config_lib
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-  arg = config_lib.parse_arg(arg, preset="vit_b14_reg4")
+  arg = config_lib.parse_arg(arg, preset="vit_b14_reg4", runlocal=False)
   config = ml_collections.ConfigDict()
   config.job = "probe"
   config.seeds = (0,)
@@ -36,4 +38,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   config.probe = config_lib.linear_probe()
   config.evaluation = config_lib.probe_evaluation()
   config.report = ml_collections.ConfigDict({"title": ""})
+  if arg.runlocal:
+    config_lib.shrink_probe_for_cpu(config)
   return config

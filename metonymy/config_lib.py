@@ -346,6 +346,20 @@ def shrink_for_cpu(config: ml_collections.ConfigDict, image_size: int = 32,
   return config
 
 
+def shrink_probe_for_cpu(config: ml_collections.ConfigDict,
+                         image_size: int = 32) -> ml_collections.ConfigDict:
+  """The `runlocal` variant of a real dataset's probe config: 32-px images (a `runlocal`
+  training workdir's backbone), no bootstrap, few causal-leakage images. With a fixture
+  (`python -m metonymy.data make-fixture`) and a trained `runlocal` workdir as backbone and mask
+  source, the benchmark runs end to end in seconds."""
+  config.backbone.image_size = image_size
+  config.data.image_size = image_size
+  config.data.read_threads = 1
+  config.evaluation.bootstrap = 0
+  config.evaluation.leakage_images = 8
+  return config
+
+
 def two_stage_model(num_parts: int, mask: str, *, temperature: float = 1.0,
                     feature: str = "cls", ste_scope: str = "layer",
                     hard_gradient: str = "selected") -> ml_collections.ConfigDict:

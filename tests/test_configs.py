@@ -24,13 +24,15 @@ DOCUMENTED = {
     "backbone_smoke": ("", "preset=vit_b16"),
     "demo": ("", "tiny", "stand_in"),
     "demo_correlation_sweep": ("", "small"),
-    "probe_celeba": ("", "preset=vit_b16_dinov3"),
-    "probe_chexpert": ("", "preset=vit_b16_dinov3"),
-    "probe_cub": ("", "preset=vit_b16_dinov3"),
+    "probe_celeba": ("", "preset=vit_b16_dinov3", "runlocal"),
+    "probe_chexpert": ("", "preset=vit_b16_dinov3", "runlocal"),
+    "probe_cub": ("", "preset=vit_b16_dinov3", "runlocal"),
     "probe_folder": ("", "tiny", "preset=vit_b14_reg4"),
     "probe_suite": ("", "dataset=cub", "dataset=celeba", "dataset=chexpert",
                     "dataset=synthetic"),
     "probe_synthetic": ("", "trained", "tiny", "tiny,trained"),
+    "synthetic_table3": ("", "small", "paper_stage2_rate", "priors=paper", "priors=off",
+                         "split=val", "demo_length", "split=val,demo_length,priors=paper"),
 }
 PAIRS = [(name, arg) for name, args in DOCUMENTED.items() for arg in args]
 
@@ -47,7 +49,7 @@ def test_every_config_file_is_listed():
 @pytest.mark.parametrize("name,arg", PAIRS)
 def test_config_loads_with_each_documented_arg(name, arg):
   config = load(name, arg)
-  assert config.job in ("train", "probe", "demo", "backbone_smoke")
+  assert config.job in ("train", "probe", "demo", "backbone_smoke", "table3")
   assert config_checks.problems(config) == []
 
 

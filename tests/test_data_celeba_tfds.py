@@ -1,7 +1,7 @@
 """CelebA from a prepared TFDS `celeb_a` data_dir (metonymy/data/celeba_tfds.py, issue 14 part 3).
 
 The tiny data_dir is prepared offline by TFDS's own celeb_a builder (its real feature spec and
-_generate_examples) from the miniature official-layout folder of tests/data_fixtures.py: only
+_generate_examples) from the miniature official-layout folder of metonymy/data/fixtures.py: only
 the download step is replaced. Neither preparing (the JPEG bytes are stored as they are) nor
 reading needs TensorFlow.
 """
@@ -15,7 +15,7 @@ import pytest
 from metonymy import config_lib
 from metonymy import data as data_lib
 from metonymy.data import base
-from tests import data_fixtures
+from metonymy.data import fixtures as data_fixtures
 
 tfds = pytest.importorskip(
     "tensorflow_datasets", reason="tensorflow-datasets is not installed (requirements-test.txt; "

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from metonymy.data import base, celeba, chexpert, cub, groupings
-from tests import data_fixtures as fx
+from metonymy.data import fixtures as fx
 
 # ------------------------------------------------------------------------------------------------
 # Groupings vs the paper's tables.

@@ -447,7 +447,7 @@ def _tiny_real_config(name, root, masks_path):
 def test_probe_job_on_fixture_datasets(tmp_path, dataset):
   """The real-data path: official layouts (miniature fixtures), part maps from files, resize and
   crop to the backbone, CUB's carved val split and keypoint contingency, CheXpert's MPPO."""
-  from tests import data_fixtures
+  from metonymy.data import fixtures as data_fixtures
   from metonymy import data as data_lib
   from metonymy.probe import job
   if dataset == "cub":

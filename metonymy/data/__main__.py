@@ -4,6 +4,7 @@
   python -m metonymy.data check --dataset folder --root /data/my_insects   # data/folder.py format
   python -m metonymy.data check --dataset celeba --source tfds --root ~/tensorflow_datasets
   python -m metonymy.data export-synthetic --root /tmp/synthetic_folder --examples 200
+  python -m metonymy.data make-fixture --dataset cub --root /tmp/cub_fixture   # also celeba, chexpert
   python -m metonymy.data check --dataset chexpert --root /data/CheXpert-v1.0-small \
       --chexpert-uncertainty zeros [--chexpert-frontal-only]
   python -m metonymy.data check --dataset synthetic      # --root is ignored
@@ -16,15 +17,21 @@ A missing or malformed file exits with status 1 and the message on stderr.
 export-synthetic writes the first N examples of each split (train, val, test) of the synthetic
 world in the folder format (PNG images and part masks), a worked example of that format; read
 back with --dataset folder they are the built-in source's examples bit for bit.
+
+make-fixture writes a miniature CUB, CelebA or CheXpert (+ CheXlocalize) in the official layout
+(data/fixtures.py: noise images, a few dozen rows), so that a real dataset's configs run end to
+end in seconds before the dataset is downloaded; nothing trained on it means anything.
 """
 
 import argparse
 import json
+import pathlib
 import sys
 import time
 
 from metonymy import data
 from metonymy.data import base
+from metonymy.data import fixtures
 from metonymy.data import folder
 
 
@@ -65,8 +72,23 @@ def main(argv=None) -> int:
   export.add_argument("--image-size", type=int, default=64)
   export.add_argument("--correlation", type=float, default=0.0,
                       help="cross-part attribute correlation of the world")
+  fixture = sub.add_parser("make-fixture",
+                           help="write a miniature dataset in its official layout (noise pixels), "
+                                "to try a real dataset's config before downloading it")
+  fixture.add_argument("--dataset", required=True, choices=sorted(fixtures.BUILDERS))
+  fixture.add_argument("--root", required=True, help="output folder (new or empty)")
+  fixture.add_argument("--images", type=int, default=48, help="images (CUB, CelebA)")
   args = parser.parse_args(argv)
 
+  if args.command == "make-fixture":
+    root = pathlib.Path(args.root)
+    if root.exists() and any(root.iterdir()):
+      print(f"error: --root {root} exists and is not empty", file=sys.stderr)
+      return 1
+    fixtures.BUILDERS[args.dataset](root, args.images)
+    print(f"wrote a miniature {args.dataset} (noise images, the official layout) to {root}; e.g. "
+          f"--config=configs/{args.dataset}_single.py:runlocal --config.data.root={root}")
+    return 0
   if args.command == "export-synthetic":
     try:
       root = folder.export_synthetic(args.root, args.examples, image_size=args.image_size,

@@ -1,17 +1,21 @@
 """Miniature CUB / CelebA / CheXpert (+ CheXlocalize) folders in the official on-disk layouts.
 
+  python -m metonymy.data make-fixture --dataset cub --root /tmp/cub_fixture
+
 Tiny random JPEGs, a few dozen rows, and the real files' quirks: CUB's extra sixth field and
 attributes.txt beside CUB_200_2011/, CelebA's irregular spacing, CheXpert's blank and -1 labels,
-CheXlocalize masks at a resolution other than the images'. Each builder returns what it wrote
-(a `SimpleNamespace`) so tests can compute expected values independently of the loaders.
-Nothing here comes from the real datasets except their file formats and name vocabularies.
+CheXlocalize masks at a resolution other than the images'. They let a real dataset's config run
+end to end in seconds before the dataset is downloaded (`--config.data.root=FIXTURE`), and the
+tests check the readers on them. Each builder returns what it wrote (a `SimpleNamespace`) so
+tests can compute expected values independently of the loaders. Nothing here comes from the real
+datasets except their file formats and name vocabularies: the pixels are noise, so nothing
+trained on a fixture means anything.
 """
 
 import csv
 import json
 import types
 from pathlib import Path
-
 
 import numpy as np
 from PIL import Image
@@ -272,3 +276,9 @@ def make_chexpert(tmp: Path, *, small: bool = True, with_test: bool = True,
       (loc / fname).write_text(json.dumps(data))
   return types.SimpleNamespace(root=tmp, dataset_dir=d, splits=splits, masks=masks,
                                image_size=image_size)
+
+
+# make-fixture's datasets -> the builder, called with the root and the number of images.
+BUILDERS = {"cub": lambda root, n: make_cub(root, n_images=n),
+            "celeba": lambda root, n: make_celeba(root, n_images=n),
+            "chexpert": lambda root, n: make_chexpert(root)}
