@@ -25,6 +25,7 @@ from metonymy.probe import features as features_lib
 from metonymy.probe import leakage as leakage_lib
 from metonymy.probe import linear
 from metonymy.probe import masks as masks_lib
+from metonymy.training import writers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -501,3 +502,10 @@ def test_probe_job_smoke(tmp_path):
   assert results["causal_leakage_early"] == 0.0
   assert np.shape(results["map_matrix_late"]) == (5, 5)
   assert "Table 1" in (workdir / "report.md").read_text()
+  # TensorBoard shows the benchmark too: its numbers, its figures and the config.
+  shown = writers.read_tensorboard(str(workdir))
+  name = next(iter(results["backbones"]))
+  assert {f"{name}/ps_late", f"{name}/ps_early", f"{name}/causal_leakage_late"} <= shown["scalars"]
+  assert "figures/table1" in shown["images"] and any(
+      t.startswith("figures/map_matrices_") for t in shown["images"])
+  assert "config" in shown["text"]

@@ -38,3 +38,16 @@ def test_clu_periodic_actions_import_without_tensorflow():
           "assert 'tensorflow' not in sys.modules")
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
+
+
+def test_a_training_run_shows_its_curves_images_and_config_in_tensorboard(tmp_path):
+  """The event files a short run writes, read back with tensorboard's own reader."""
+  from metonymy import config_lib
+  from metonymy.training import trainer
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  config = config_lib.load_config(os.path.join(root, "configs", "synthetic_single.py"), "runlocal")
+  trainer.run(config, str(tmp_path))
+  shown = writers.read_tensorboard(str(tmp_path))
+  assert {"loss", "grad_norm", "train/part_share/max", "lr/prototypes", "eval/stage1/mAP",
+          "eval/parts/NMI", "train/relative_change/prototypes"} <= shown["scalars"], shown
+  assert "eval/part_maps" in shown["images"] and "config" in shown["text"]

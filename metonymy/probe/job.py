@@ -86,9 +86,33 @@ def run(config, workdir: str) -> Dict:
   results = report.build_results(config, per_backbone, skipped)
   results["seconds"] = time.perf_counter() - start
   written = report.write(workdir, config, results, visuals, arch)
+  _write_tensorboard(workdir, config, results, written)
   writers.console(f"[probe] wrote {len(written)} files to {workdir} in "
                   f"{results['seconds']:.0f} s: {', '.join(os.path.basename(p) for p in written)}")
   return results
+
+
+# The headline numbers of every backbone, as TensorBoard scalars (tag "<backbone>/<key>").
+TENSORBOARD_KEYS = ("ps_late", "ps_early", "ps_gap", "causal_leakage_late",
+                    "causal_leakage_early", "mppo_late", "mppo_early")
+
+
+def _write_tensorboard(workdir: str, config, results: Dict, written) -> None:
+  """WORKDIR/tensorboard: the config as text, each backbone's PS / MPPO / causal leakage (mean
+  over seeds) as scalars at step 0, and the report's figures as images."""
+  writer = writers.MetricWriter(workdir)
+  try:
+    writer.write_config(config)
+    for name, backbone in results["backbones"].items():
+      scalars = {f"{name}/{k}": v for k, v in backbone["mean"].items()
+                 if k in TENSORBOARD_KEYS and v is not None}
+      if scalars:
+        writer.write_scalars(0, scalars)
+    for path in written:
+      if path.endswith(".png"):
+        writer.write_figure(0, f"figures/{os.path.basename(path)[:-4]}", path)
+  finally:
+    writer.close()
 
 
 def _with_backbone_maskings(config, backbone_cfg):

@@ -2,7 +2,8 @@
 
   WORKDIR/metrics.jsonl       one {"step": s, "<name>": value, ...} object per line (appended
                               across resumes; a resume first trims it to the restored step)
-  WORKDIR/tensorboard/        event files (tensorboardX; `tensorboard --logdir WORKDIR`)
+  WORKDIR/tensorboard/        event files (tensorboardX; `tensorboard --logdir WORKDIR`): the
+                              scalars, the part-map images, the resolved config as text
   WORKDIR/images/<name>_<step>.png
   WORKDIR/report.md           the latest evaluation in words (`write_text`, replaced each time)
   WORKDIR/parameters.txt      the parameter tables of the run's start (clu.parameter_overview)
@@ -94,6 +95,24 @@ class MetricWriter:
     self._tb.add_image(name, image, int(step), dataformats="HWC")
     return path
 
+  def write_config(self, config) -> None:
+    """The resolved config as TensorBoard text (tag "config", step 0), so a run's event files
+    say what ran."""
+    if not self.enabled:
+      return
+    body = config.to_json_best_effort(indent=2) if hasattr(config, "to_json_best_effort") else (
+        json.dumps(config, indent=2, default=str))
+    self._tb.add_text("config", "```\n" + body + "\n```", 0)
+
+  def write_figure(self, step: int, name: str, png_path: str) -> None:
+    """A PNG already written (a report's figure) as a TensorBoard image."""
+    if not self.enabled:
+      return
+    from PIL import Image
+    with Image.open(png_path) as image:
+      pixels = np.asarray(image.convert("RGB"))
+    self._tb.add_image(name, pixels, int(step), dataformats="HWC")
+
   def write_text(self, name: str, text: str) -> Optional[str]:
     """Replaces WORKDIR/<name> with `text` (written aside, then renamed: a reader or a kill never
     sees half a file); returns the path."""
@@ -115,6 +134,22 @@ class MetricWriter:
       self._jsonl.close()
       self._tb.close()
       self.enabled = False
+
+
+def read_tensorboard(workdir: str) -> Dict[str, set]:
+  """{"scalars": tags, "images": tags, "text": tags} of the event files in WORKDIR/tensorboard
+  (tensorboard's own reader), e.g. to check what a run shows."""
+  from tensorboard.backend.event_processing import event_accumulator
+  accumulator = event_accumulator.EventAccumulator(
+      os.path.join(workdir, "tensorboard"), size_guidance={event_accumulator.TENSORS: 0})
+  accumulator.Reload()
+  tags = accumulator.Tags()
+  # add_text is stored as a tensor summary of the text plugin, tagged "<name>/text_summary".
+  text = {t[:-len("/text_summary")] if t.endswith("/text_summary") else t
+          for t in tags.get("tensors", [])
+          if accumulator.SummaryMetadata(t).plugin_data.plugin_name == "text"}
+  return {"scalars": set(tags.get("scalars", [])), "images": set(tags.get("images", [])),
+          "text": text}
 
 
 def _periodic_actions():
