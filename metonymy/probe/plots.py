@@ -8,6 +8,7 @@ pyplot: no display, no global backend switch for the program that imports this).
   table_figure          a results table (Tables 1-2 layout) rendered as an image
 """
 
+import textwrap
 import warnings
 from typing import Dict, List, Optional, Sequence
 
@@ -42,8 +43,9 @@ def contingency_heatmap(path: str, contingency, part_names: Sequence[str],
                         group_names: Sequence[str], assignment=None, tau: Optional[float] = None):
   c = _array(contingency)
   rows = list(part_names) + ["background"]
-  fig, ax = subplots(figsize=(1.0 + 0.8 * len(group_names), 1.0 + 0.45 * len(rows)))
-  ax.imshow(np.nan_to_num(c), cmap="Blues", vmin=0, vmax=1)
+  fig, ax = subplots(figsize=(2.2 + 0.8 * len(group_names), 1.4 + 0.45 * len(rows)))
+  image = ax.imshow(np.nan_to_num(c), cmap="Blues", vmin=0, vmax=1)
+  fig.colorbar(image, ax=ax, fraction=0.05, pad=0.03, label="co-occurrence c[k, g]")
   _annotate(ax, c, np.nan_to_num(c) > 0.6)
   if assignment is not None:
     a = np.asarray(assignment, bool)
@@ -51,6 +53,8 @@ def contingency_heatmap(path: str, contingency, part_names: Sequence[str],
       ax.add_patch(patches.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", lw=1.5))
   ax.set_xticks(range(len(group_names)), group_names, rotation=45, ha="right")
   ax.set_yticks(range(len(rows)), rows)
+  ax.set_xlabel("ground-truth keypoint group g")
+  ax.set_ylabel("part k")
   title = "Spatial contingency c[k, g]"
   if tau is not None:
     title += f" (red: c > tau = {tau:g})"
@@ -63,8 +67,9 @@ def map_matrices(path: str, matrices: Dict[str, object], part_names: Sequence[st
                  group_names: Sequence[str], assignment=None, title: str = ""):
   """matrices: masking -> [K, G] mAP; cells coloured by column-normalized mAP (as Fig. S5)."""
   names = list(matrices)
-  fig, axes = subplots(1, len(names), figsize=(0.5 + 0.75 * len(group_names) * len(names) + 1,
-                                                   1.2 + 0.42 * len(part_names)), squeeze=False)
+  fig, axes = subplots(1, len(names), figsize=(1.5 + 0.8 * len(group_names) * len(names) + 1.4,
+                                                   1.8 + 0.42 * len(part_names)), squeeze=False)
+  fig.set_layout_engine("constrained")  # room for the shared colorbar
   for ax, masking in zip(axes[0], names):
     m = _array(matrices[masking])
     with np.errstate(invalid="ignore"), warnings.catch_warnings():
@@ -73,17 +78,20 @@ def map_matrices(path: str, matrices: Dict[str, object], part_names: Sequence[st
       col_min = np.nanmin(np.where(np.isfinite(m), m, np.nan), axis=0, keepdims=True)
       shade = (m - col_min) / np.where(col_max > col_min, col_max - col_min, 1.0)
     shade = np.nan_to_num(shade)
-    ax.imshow(shade, cmap="RdBu_r", vmin=0, vmax=1)
+    image = ax.imshow(shade, cmap="RdBu_r", vmin=0, vmax=1)
     _annotate(ax, m, (shade > 0.85) | (shade < 0.15))
     if assignment is not None:
       for i, j in zip(*np.nonzero(np.asarray(assignment, bool))):
         ax.add_patch(patches.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", lw=1.5))
     ax.set_xticks(range(len(group_names)), group_names, rotation=45, ha="right")
     ax.set_yticks(range(len(part_names)), part_names)
+    ax.set_xlabel("attribute group g (ground truth)")
+    ax.set_ylabel("part feature k")
     ax.set_title(f"{masking} masking", fontsize=9)
-  fig.suptitle(title or "Attribute mAP per part (rows) and group (columns); boxes: K_g^+",
-               fontsize=9)
-  fig.tight_layout()
+  fig.colorbar(image, ax=list(axes[0]), fraction=0.03, pad=0.02,
+               label="colour: mAP within its column\n(0 lowest, 1 highest part)")
+  fig.suptitle(title or "Attribute mAP (numbers) per part (rows) and group (columns); "
+               "boxes: the group's matched parts K_g^+", fontsize=9)
   fig.savefig(path, dpi=120)
 
 
@@ -99,13 +107,17 @@ def ps_scatter(path: str, matrices: Dict[str, object], assignment, group_names: 
     m = _array(matrices[masking])
     for g in range(m.shape[1]):
       jitter = rng.uniform(-0.12, 0.12, m.shape[0])
-      ax.scatter(g + jitter[~a[:, g]], m[~a[:, g], g], s=14, c="tab:gray", alpha=0.8)
-      ax.scatter(g + jitter[a[:, g]], m[a[:, g], g], s=18, c="tab:red")
+      ax.scatter(g + jitter[~a[:, g]], m[~a[:, g], g], s=14, c="tab:gray", alpha=0.8,
+                 label="other parts (K_g^-)" if g == 0 else None)
+      ax.scatter(g + jitter[a[:, g]], m[a[:, g], g], s=18, c="tab:red",
+                 label="matched parts (K_g^+)" if g == 0 else None)
     ax.set_xticks(range(len(group_names)), group_names, rotation=45, ha="right")
+    ax.set_xlabel("attribute group g")
     ax.set_title(f"{masking} masking", fontsize=9)
     ax.grid(alpha=0.3)
   axes[0][0].set_ylabel("mAP of the group's attributes")
-  fig.suptitle(title or "Per-part mAP per group (red: matched parts)", fontsize=9)
+  axes[0][0].legend(fontsize=7, loc="best")
+  fig.suptitle(title or "Per-part mAP per group: PS_g = mean(red) - mean(grey)", fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
 
@@ -150,12 +162,14 @@ def part_overlays(path: str, visual: Dict[str, np.ndarray], num_parts: int, patc
 
 def table_figure(path: str, header: List[str], rows: List[List[str]], title: str = ""):
   """A table as a PNG (the paper's Tables 1-2 layout, for slides and the report)."""
-  fig, ax = subplots(figsize=(min(2 + 1.6 * len(header), 24), 0.9 + 0.32 * (len(rows) + 1)))
+  # Header cells wrapped to a few words a line, so the columns stay narrow and the text large.
+  wrapped = [textwrap.fill(h, 14) for h in header]
+  fig, ax = subplots(figsize=(min(1.5 + 1.3 * len(header), 20), 1.3 + 0.42 * (len(rows) + 1)))
   ax.axis("off")
-  table = ax.table(cellText=rows, colLabels=header, loc="center", cellLoc="center")
+  table = ax.table(cellText=rows, colLabels=wrapped, loc="center", cellLoc="center")
   table.auto_set_font_size(False)
-  table.set_fontsize(8)
-  table.scale(1, 1.3)
+  table.set_fontsize(10)
+  table.scale(1, 2.2)
   if title:
     ax.set_title(title, fontsize=9)
   fig.tight_layout()
