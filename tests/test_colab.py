@@ -76,3 +76,22 @@ def test_explore_attention_masks_notebook_runs_and_its_committed_outputs_match(m
       assert _output_kinds(fresh) == _output_kinds(saved), (
           f"cell {i}: the committed outputs are not what its code shows now; re-execute and "
           f"commit the notebook (see colabs/README.md)\n{fresh.source[:200]}")
+
+
+def test_every_link_and_clone_uses_the_one_recorded_repository_url():
+  import importlib.util
+  import json
+  spec = importlib.util.spec_from_file_location(
+      "set_repository_url", os.path.join(ROOT, "tools", "set_repository_url.py"))
+  tool = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(tool)
+  url = tool.recorded_url()
+  prefix = tool.colab_prefix(url)
+  for path in ("README.md", os.path.join("colabs", "README.md")):
+    with open(os.path.join(ROOT, path)) as f:
+      links = tool.COLAB_LINK.findall(f.read())
+    assert links and set(links) == {prefix}, (path, links)
+  with open(NOTEBOOK) as f:
+    text = "".join("".join(c["source"]) for c in json.load(f)["cells"])
+  assert set(tool.COLAB_LINK.findall(text)) == {prefix}
+  assert tool.NOTEBOOK_REPOSITORY.findall(text) == [f'REPOSITORY = "{url}"']
