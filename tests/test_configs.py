@@ -64,10 +64,10 @@ def test_no_arg_is_the_empty_arg(name):
 
 
 def test_commands_in_the_docs_load():
-  """Every `configs/<name>.py:<arg>` written in README, launch/, colabs/, configs/ and the
-  package's docstrings names an argument the file accepts."""
+  """Every `configs/<name>.py:<arg>` written in README, docs/, launch/, colabs/, configs/ and
+  the package's docstrings names an argument the file accepts."""
   files = [os.path.join(ROOT, "README.md")]
-  for pattern in ("launch/*", "colabs/*.ipynb", "configs/*.py", "metonymy/**/*.py"):
+  for pattern in ("docs/*.md", "launch/*", "colabs/*.ipynb", "configs/*.py", "metonymy/**/*.py"):
     files += glob.glob(os.path.join(ROOT, pattern), recursive=True)
   found = set()
   for path in files:

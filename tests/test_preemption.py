@@ -392,14 +392,15 @@ if [[ "$*" == *describe* ]]; then echo READY; exit 0; fi
 n=$(cat {counter} 2>/dev/null || echo 0); echo $((n + 1)) > {counter}
 case $n in 0) exit 75;; 1) exit 255;; *) exit 0;; esac""")
   script = os.path.join(ROOT, "launch", "tpu_pod.sh")
-  proc = subprocess.run(["bash", script, "--restart=5", "tpu", "zone", "configs/x.py", "--w=1"],
-                        env=env, capture_output=True, text=True, timeout=60)
+  # --no-sync: the package is on the workers already (tests/test_launch.py checks the sync).
+  proc = subprocess.run(["bash", script, "--restart=5", "--no-sync", "tpu", "zone", "configs/x.py",
+                         "--w=1"], env=env, capture_output=True, text=True, timeout=60)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   runs = [c for c in _calls(tmp_path) if " ssh " in c]
   assert len(runs) == 3, runs
-  assert "python -m metonymy.main --config=configs/x.py --w=1" in "\n".join(_calls(tmp_path))
+  assert "python3 -m metonymy.main --config=configs/x.py --w=1" in "\n".join(_calls(tmp_path))
   counter.unlink()
-  proc = subprocess.run(["bash", script, "tpu", "zone", "configs/x.py"], env=env,
+  proc = subprocess.run(["bash", script, "--no-sync", "tpu", "zone", "configs/x.py"], env=env,
                         capture_output=True, text=True, timeout=60)
   assert proc.returncode == preemption.REQUEUE_EXIT_CODE, proc.stdout + proc.stderr
 
