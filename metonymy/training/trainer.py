@@ -274,12 +274,15 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
       writers.console(f"Resumed from step {latest} ({run_state.directory(workdir)}).")
     else:  # Every checkpoint was refused: start afresh, from a rewound data iterator.
       train_iter = iter(train_ds)
-  make_state = jax.jit(init_state, in_shardings=(replicated, frozen_sh), out_shardings=state_sh)
   if state is None:
-    state = make_state(rng_init, frozen)
-  # The parameters at step 0 (recomputed on resume: the init is a function of the seed), for
-  # each group's relative change over the run.
-  start_params = make_state(rng_init, frozen).params
+    state = jax.jit(init_state, in_shardings=(replicated, frozen_sh),
+                    out_shardings=state_sh)(rng_init, frozen)
+  # The parameters at step 0 (recomputed on resume: the init is a function of the seed), kept
+  # for each group's relative change over the run: one more copy of the trainable parameters,
+  # sharded like them.
+  start_params = jax.jit(lambda rng, frozen: model.init(rng, images, frozen),
+                         in_shardings=(replicated, frozen_sh),
+                         out_shardings=state_sh.params)(rng_init, frozen)
   step = int(jax.device_get(state.step))
   writer.trim(step)  # The killed run's records after the restored step would appear twice.
   count = parameter_overview.count_parameters
