@@ -52,7 +52,8 @@ def protocol(config, training) -> Dict:
           "steps_per_epoch": per_epoch, "steps": steps, "base_learning_rates":
           dict(opt.learning_rates), "learning_rates": rates, "schedule": opt.schedule,
           "loss_weights": dict(training.loss.weights), "eval_split": data.eval_split,
-          "eval_examples": int(data.eval_examples), "image_size": int(data.image_size)}
+          "eval_examples": int(data.eval_examples), "image_size": int(data.image_size),
+          "term_gradient_batches": int(training.trainer.get("term_gradient_batches", 0))}
 
 
 def label(variant: str) -> str:
@@ -227,7 +228,9 @@ def markdown(results: Dict) -> str:
       "(|θ − θ₀| / |θ₀|) and the heads' mAP at step 0 against the end (means over seeds).",
       stage2_table(results),
       "## The mechanism: what reaches Stage 1's prototypes\n\nGradient norm of each weighted "
-      "loss term at Stage 1's prototypes (mean of 3 unaugmented training batches, then over "
+      f"loss term at Stage 1's prototypes (mean of "
+      f"{results['protocol'].get('term_gradient_batches', 'the')} unaugmented training batches, "
+      "then over "
       "seeds), at step 0 and at the end. `attribute_stage2` is Stage 2's feedback to Stage 1; "
       "if it is small against the priors, Stage 2 cannot shape the parts.",
       mechanism_table(results),
