@@ -201,11 +201,6 @@ def cub_attribute_prefix(name: str) -> str:
   return name.split("::", 1)[0]
 
 
-def cub_attribute_value(name: str) -> str:
-  """`has_wing_color::blue` -> `blue`."""
-  return name.split("::", 1)[1] if "::" in name else ""
-
-
 # The 248 CUB attributes in Table S9's order (parts, then prefixes, then values as listed), and
 # each one's part index. The loader looks these names up in attributes.txt, so the vector never
 # depends on the file's own order.

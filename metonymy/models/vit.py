@@ -14,7 +14,6 @@ checkpoint's own code does it (`pos_embed.py`).
 """
 
 import dataclasses
-import json
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import flax.linen as nn
@@ -35,9 +34,6 @@ class ArchitectureConfig:
 
   def to_dict(self) -> Dict[str, Any]:
     return dataclasses.asdict(self)
-
-  def to_json(self) -> str:
-    return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
   @classmethod
   def from_dict(cls, d: Dict[str, Any]):

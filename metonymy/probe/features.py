@@ -16,7 +16,6 @@ from typing import Callable, Dict
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 MASKINGS = ("late", "early")
 PREFIX_MODES = ("cls", "cls_registers")
@@ -91,6 +90,3 @@ def make_extractors(model, num_parts: int, prefix: str = "cls",
 
   return {"late": late, "early": early}
 
-
-def to_numpy(features, present):
-  return np.asarray(features, np.float32), np.asarray(present, bool)
