@@ -175,6 +175,18 @@ def test_late_and_early_feature_pooling():
                              features_lib.patch_weights(ids, cov, 2, "coverage"))
 
 
+def test_manual_assignment_parses_and_names_the_offending_value():
+  assignment, named = benchmark.parse_manual_assignment(" hair:2, 0 ;hat:", ["hat", "hair"], 3)
+  np.testing.assert_array_equal(assignment, [[False, True], [False, False], [False, True]])
+  assert named == ["hair", "hat"]  # 'hat:' names the group with no parts.
+  assert benchmark.parse_manual_assignment("", ["hat"], 3)[1] == []
+  for spec, offending in (("hair", "'hair'"), ("hair:x", "'hair:x'"), ("wig:1", "'wig'"),
+                          ("hair:3", "part 3")):
+    with pytest.raises(ValueError, match="evaluation.manual_assignment") as e:
+      benchmark.parse_manual_assignment(spec, ["hat", "hair"], 3)
+    assert offending in str(e.value)
+
+
 # ------------------------------------------------------------------------------------------------
 # Linear probes.
 

@@ -20,7 +20,7 @@ split) and the bootstrap draws; a random-init backbone's seed is the caller's bu
 import math
 import os
 import time
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from absl import logging
@@ -81,28 +81,29 @@ def denormalize(images: np.ndarray, vit_config) -> np.ndarray:
   return np.clip((images * std + mean) * 255.0, 0, 255).astype(np.uint8)
 
 
-def parse_manual_assignment(spec: str, group_names, num_parts: int) -> Dict[str, List[int]]:
-  """'hair:2,5;hat:1' -> {'hair': [2, 5], 'hat': [1]} (evaluation.manual_assignment)."""
-  out = {}
+def parse_manual_assignment(spec: str, group_names: Sequence[str],
+                            num_parts: int) -> Tuple[np.ndarray, List[str]]:
+  """evaluation.manual_assignment 'hair:2,5;hat:1' -> (bool [K, G] K_g^+, the groups it names).
+
+  Only the string is parsed here; part_metrics.assign_manually checks the group names and part
+  ids. A group named with no parts ('hair:') gets none, so the names are returned too.
+  """
+  mapping = {}
   for item in filter(None, (s.strip() for s in (spec or "").split(";"))):
     name, sep, parts = item.partition(":")
     if not sep:
       raise ValueError(f"evaluation.manual_assignment item {item!r} is not 'group:part,part'")
-    name = name.strip()
-    if name not in group_names:
-      raise ValueError(f"evaluation.manual_assignment names group {name!r}; groups are "
-                       f"{list(group_names)}")
     try:
-      ids = [int(p) for p in parts.split(",") if p.strip()]
+      mapping[name.strip()] = [int(p) for p in parts.split(",") if p.strip()]
     except ValueError:
       raise ValueError(f"evaluation.manual_assignment {item!r}: part ids must be "
                        "integers") from None
-    bad = [k for k in ids if not 0 <= k < num_parts]
-    if bad:
-      raise ValueError(f"evaluation.manual_assignment {item!r}: parts {bad} not in "
-                       f"[0, {num_parts})")
-    out[name] = ids
-  return out
+  try:
+    assignment = part_metrics.assign_manually(mapping, group_names, num_parts)
+  except ValueError as e:
+    # Name the config key too: assign_manually names the group or part, not where it came from.
+    raise ValueError(f"evaluation.manual_assignment {spec!r}: {e}") from None
+  return assignment, list(mapping)
 
 
 def attribute_mask_index(info, num_masks: int) -> Optional[np.ndarray]:
@@ -273,11 +274,10 @@ def evaluate(name: str, model, params, vit_config, config, *, seed: int, cache_r
       if group in info.keypoint_groups:
         assignment[:, g] = by_threshold[:, list(info.keypoint_groups).index(group)]
         assignment_source[g] = "contingency"
-  manual = parse_manual_assignment(eval_cfg.manual_assignment, groups, num_parts)
-  for group, ids in manual.items():
+  manual, manual_groups = parse_manual_assignment(eval_cfg.manual_assignment, groups, num_parts)
+  for group in manual_groups:
     g = groups.index(group)
-    assignment[:, g] = False
-    assignment[ids, g] = True
+    assignment[:, g] = manual[:, g]
     assignment_source[g] = "manual"
 
   # MPPO inputs.
