@@ -8,9 +8,10 @@
 import argparse
 import sys
 
+from clu import parameter_overview
+
 from metonymy import checkpoints
 from metonymy.checkpoints import registry
-from metonymy.models import vit
 
 
 def main(argv=None) -> int:
@@ -40,7 +41,7 @@ def main(argv=None) -> int:
             f"no prefix tokens, {getattr(config, 'out_channels', 0)}-channel neck")
   print(f"{args.input}: layout {layout}, {config.depth} blocks, width {config.width}, patch "
         f"{config.patch_size}, {tokens}, "
-        f"{vit.count_params(params) / 1e6:.1f}M parameters -> {args.output}")
+        f"{parameter_overview.count_parameters(params) / 1e6:.1f}M parameters -> {args.output}")
   return 0
 
 

@@ -536,7 +536,3 @@ def param_shapes(config: ViTConfig, image_size: Optional[int] = None):
   model = VisionTransformer(config)
   return jax.eval_shape(model.init, jax.random.PRNGKey(0),
                         jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32))["params"]
-
-
-def count_params(params) -> int:
-  return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))
