@@ -1,6 +1,7 @@
-"""Generated blocks of README.md: the text between `<!-- NAME:begin -->` and `<!-- NAME:end -->`
-is rewritten by the code that measured it (the demo's results, the benchmarks' tables); the rest
-of the file is left alone."""
+"""Generated blocks of markdown files: the text between `<!-- NAME:begin -->` and
+`<!-- NAME:end -->` is rewritten by the code that measured it; the rest of the file is left
+alone. README.md holds the demo's blocks (demo:results, demo:seeds) and the Table-3 job's
+(table3:results); docs/benchmarks.md the benchmarks' (bench:vit, bench:suite)."""
 
 import os
 from typing import Tuple

@@ -1,7 +1,8 @@
 """The text tables of `bench suite`: one block per section of `suite.run`'s results, under a
 header naming the device, dtype and how times were taken. `python -m metonymy.bench suite` prints
-them and, with `--readme`, writes them into README's bench:suite block. (The `vit` and
-`two_stage` commands format their own results, in bench/vit.py and bench/two_stage.py.)"""
+them and, with `--readme PATH`, writes them into the bench:suite block of PATH
+(docs/benchmarks.md). (The `vit` and `two_stage` commands format their own results, in
+bench/vit.py and bench/two_stage.py.)"""
 
 from typing import Any, Dict, List, Optional
 

@@ -195,7 +195,7 @@ def format_table(results: Dict[str, object]) -> str:
 
 
 def markdown_rows(results: Dict[str, object]) -> str:
-  """One markdown table row per run, for README's generated benchmark table."""
+  """One markdown table row per run, for the bench:vit block of docs/benchmarks.md."""
   t, r = results["timings"], results["ratios"]
   torch_plain = t.get("torch_plain", {}).get("images_per_second", float("nan"))
   torch_early = t.get("torch_early", {}).get("images_per_second", float("nan"))
