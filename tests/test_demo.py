@@ -144,10 +144,15 @@ def test_priors_of_the_truth_by_hand():
 
 
 def test_attention_weights_are_the_models_and_respect_the_block_mask():
+  """The weights are those the ViT sows (tests/test_vit_masking.py checks them against the
+  forward); here, that explore reads the right block's, in the layout the notebook expects."""
   config, params, images, ids = _tiny_vit()
+  _, state = vit.VisionTransformer(config).apply({"params": params}, images,
+                                                 mutable=["intermediates"])
   for layer in range(config.depth):
-    # check=True (the default) rebuilds the block from the weights and compares with the forward.
     plain = explore.attention_weights(config, params, images, layer)
+    np.testing.assert_array_equal(
+        plain["weights"], state["intermediates"][f"blocks_{layer}"]["attn"]["attention_weights"][0])
     early = explore.attention_weights(config, params, images, layer, part_ids=ids, num_parts=3)
     length = config.num_prefix + 64
     assert plain["weights"].shape == (2, config.num_heads, length, length)

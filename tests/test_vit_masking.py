@@ -184,3 +184,52 @@ def test_straight_through_forward_is_hard_and_gradient_is_soft(name):
   assert float(jnp.abs(grads["hard"]).max()) == 0.0
   assert float(jnp.abs(grads["soft"]).max()) > 0.0
   assert float(jnp.abs(grads["ste"]).max()) > 0.0
+
+
+@pytest.mark.parametrize("name", ["registers_layerscale", "rope_no_k_bias"])
+def test_sown_attention_weights_are_the_forwards_and_change_no_output(name):
+  """mutable=["intermediates"]: each block's attention sows softmax(q k^T / sqrt(d) + bias,
+  masked) of its own queries and keys, the weights that rebuild its output; the outputs stay bit
+  identical to the default forward's (which computes no weights)."""
+  model, params, images, part_ids = _setup(name)
+  config = VARIANTS[name]
+  group_ids = attention_masks.early_masking_group_ids(part_ids.reshape(2, -1), NUM_PARTS,
+                                                      config.num_prefix)
+  probs = jax.nn.softmax(2.0 * jax.nn.one_hot(part_ids.reshape(2, -1), NUM_PARTS + 1), -1)
+  bias = attention_masks.soft_group_attention_bias(probs, config.num_prefix)
+  mask = np.asarray(attention_masks.block_attention_mask(group_ids))
+  early = {"part_ids": part_ids, "num_parts": NUM_PARTS}
+  # Each forward, and the mask and bias its weights are taken under (STE: the forward is hard).
+  cases = {"plain": ({}, None, None), "hard": (early, mask, None),
+           "soft": (dict(early, attention_bias=bias), None, np.asarray(bias)),
+           "ste": (dict(early, straight_through_bias=bias), mask, None)}
+  # Captured too: each attention's input (norm1's output) and output.
+  captured = lambda module, _: module.name in ("norm1", "attn")
+  for case, (kwargs, case_mask, case_bias) in cases.items():
+    default = model.apply({"params": params}, images, **kwargs)
+    out, state = model.apply({"params": params}, images, mutable=["intermediates"],
+                             capture_intermediates=captured, **kwargs)
+    for key in default:
+      np.testing.assert_array_equal(np.asarray(out[key]), np.asarray(default[key]), (case, key))
+    for layer in range(config.depth):
+      block, attn = params[f"blocks_{layer}"]["attn"], state["intermediates"][f"blocks_{layer}"]
+      weights, = attn["attn"]["attention_weights"]
+      weights = np.asarray(weights, np.float64)
+      (x,), (attended,) = attn["norm1"]["__call__"], attn["attn"]["__call__"]
+      qkv = np.einsum("bld,dthe->blthe", np.asarray(x, np.float64), block["qkv_kernel"])
+      qkv = qkv + block["qkv_bias"] * np.array([1.0, float(config.k_bias), 1.0])[:, None, None]
+      q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+      if config.rope_periods is None:  # Under RoPE q and k are rotated first; v never is.
+        scores = np.einsum("bqhe,bkhe->bhqk", q, k) / np.sqrt(config.head_dim)
+        if case_bias is not None:
+          scores = scores + case_bias
+        if case_mask is not None:
+          scores = np.where(case_mask, scores, -np.inf)
+        expected = np.exp(scores - scores.max(-1, keepdims=True))
+        np.testing.assert_allclose(weights, expected / expected.sum(-1, keepdims=True),
+                                   atol=1e-6, rtol=0, err_msg=case)
+      if case_mask is not None:
+        assert np.all(weights[~np.broadcast_to(case_mask, weights.shape)] == 0.0), case
+      rebuilt = np.einsum("bhqk,bkhe->bqhe", weights, v)
+      rebuilt = np.einsum("blhe,hed->bld", rebuilt, block["out_kernel"]) + block["out_bias"]
+      np.testing.assert_allclose(rebuilt, attended, atol=1e-5, rtol=0, err_msg=case)

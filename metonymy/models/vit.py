@@ -123,8 +123,31 @@ def _layer_norm(config: ViTConfig, name: str) -> nn.LayerNorm:
   return nn.LayerNorm(epsilon=config.norm_eps, use_fast_variance=False, name=name)
 
 
+def attention_weights(q: jnp.ndarray, k: jnp.ndarray, mask=None, bias=None) -> jnp.ndarray:
+  """softmax(q k^T / sqrt(d) + bias, masked), float32 [B, H, L, S], scored as
+  attention.xla_attention scores (which normalises after the value product, so never holds them).
+
+  q, k: [B, L, H, d]; mask: bool [B, 1|H, L, S], True = attend; bias: float [B, 1|H, L, S].
+  """
+  scale = np.float32(1.0 / np.sqrt(q.shape[-1])).astype(q.dtype)
+  q, k = jnp.swapaxes(q, 1, 2), jnp.swapaxes(k, 1, 2)                 # [B, H, L, d]
+  scores = jnp.matmul(q * scale, jnp.swapaxes(k, -1, -2)).astype(jnp.float32)
+  if bias is not None:
+    scores = scores + bias.astype(jnp.float32)
+  if mask is not None:
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+  return jax.nn.softmax(scores, axis=-1)
+
+
 class Attention(nn.Module):
-  """Multi-head self-attention with a fused qkv projection, optional RoPE on the patch tokens."""
+  """Multi-head self-attention with a fused qkv projection, optional RoPE on the patch tokens.
+
+  With `mutable=["intermediates"]` it also sows its attention weights (`attention_weights`, over
+  the sequence it attends: padding included, in the sorted order under token_order="sorted").
+  The attention itself never holds them (xla_attention normalises after the value product, the
+  fused kernels keep them on chip), so they are computed apart, and only when asked; the tiled
+  path (attention_tiles > 0), which never forms the [L, L] scores, sows none.
+  """
   config: ViTConfig
   dtype: Any = jnp.float32
   attention_impl: Optional[str] = None
@@ -169,6 +192,11 @@ class Attention(nn.Module):
     else:
       out = attention_lib.dot_product_attention(q, k, v, mask=mask, bias=bias,
                                                 implementation=self.attention_impl)
+    if self.is_mutable_collection("intermediates") and not isinstance(
+        mask, block_sparse.SortedGroups):
+      # The weights of the values this forward returns: the boolean mask's under the STE.
+      self.sow("intermediates", "attention_weights",
+               attention_weights(q, k, mask, None if straight_through else bias))
     out_kernel = self.param("out_kernel", nn.initializers.lecun_normal(batch_axis=()),
                             (heads, head_dim, cfg.width))
     # One [B L, H e] x [H e, D] product: XLA:CPU runs the two-axis contraction of the equivalent
@@ -420,6 +448,12 @@ class VisionTransformer(nn.Module):
     if not hard or not (drop_background or self.split_background):  # One window.
       x, intermediates = run(length)(self, tokens, rope, groups)
     else:
+      if self.is_mutable_collection("intermediates"):
+        # Each window's attention would sow weights of its own bucket's length, which
+        # nn.switch's branches cannot return.
+        raise ValueError("attention weights (mutable=['intermediates']) are sown over one "
+                         "sequence; split_background and drop_background encode windows: ask "
+                         "without them.")
       # Hard masks: the foreground (first K P + N_fg tokens) and the background (the rest) are
       # two independent windows. Encoding them apart skips the attention between them, and
       # makes the foreground a computation of its own, so dropping the background leaves it
