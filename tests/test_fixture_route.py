@@ -37,6 +37,12 @@ def test_cub_fixture_trains_cub_ste_and_probes_its_parts(tmp_path):
   _run("metonymy.main", "--config=configs/cub_ste.py:runlocal", f"--config.data.root={fixture}",
        f"--workdir={train}")
   assert (train / "model.json").exists() and (train / "checkpoints").is_dir()
+  # The training part-map image: image, discovered parts and keypoints, each >= 192 px, legend.
+  from PIL import Image
+  pngs = sorted((train / "images").glob("eval_part_maps_*.png"))
+  assert pngs, sorted(os.listdir(train))
+  with Image.open(pngs[-1]) as image:
+    assert image.height > 3 * 192 and image.width > 192
   _run("metonymy.main", "--config=configs/probe_cub.py:runlocal", f"--config.data.root={fixture}",
        "--config.masks.source=stage1", f"--config.masks.path={train}",
        f"--config.backbone.checkpoint={train}", f"--workdir={probe}")
@@ -44,3 +50,9 @@ def test_cub_fixture_trains_cub_ste_and_probes_its_parts(tmp_path):
     results = json.load(f)
   assert results["ps_late"] is not None and results["ps_early"] is not None
   assert results["causal_leakage_early"] == 0.0
+  # The trained workdir's parts are discovered: "part 1..K" (best match "≈ group" in the
+  # matrices), never the dataset's part names nor the old "P0".
+  seed0 = next(iter(results["backbones"].values()))["seeds"][0]
+  assert seed0["part_names"] == [f"part {k + 1}" for k in range(seed0["num_parts"])]
+  report = (probe / "report.md").read_text()
+  assert "| part 1" in report and "P0" not in report

@@ -92,7 +92,11 @@ def test_file_masks_layouts_and_errors(tmp_path):
   batch = {"index": np.array([1, 0]), "image": np.zeros((2, 4, 4, 3))}
   cfg = config_lib.part_masks("file", path=str(tmp_path / "last_{split}.npy"))
   source = masks_lib.make_source(cfg, "test", 2, None)
-  assert source.num_parts == 2 and source.part_names == ("P0", "P1")
+  # Unnamed maps are discovered parts, 1-based; names given with the file are kept.
+  assert source.num_parts == 2 and source.part_names == ("part 1", "part 2")
+  named = config_lib.part_masks("file", path=str(tmp_path / "last_{split}.npy"),
+                                part_names="head, tail")
+  assert masks_lib.make_source(named, "test", 2, None).part_names == ("head", "tail")
   maps = source(batch)
   np.testing.assert_array_equal(maps.labels[1], np.repeat(np.repeat(labels[0], 2, 0), 2, 1))
   assert maps.foreground is None
@@ -148,9 +152,42 @@ def test_stage1_mask_source_adapts_part_masks(monkeypatch):
   maps = source({"image": np.zeros((3, 8, 8, 3), np.float32)})
   assert seen == {"workdir": "workdirs/cub_single", "norm": ((0.5,) * 3, (0.25,) * 3)}
   assert source.num_parts == 2 and maps.labels.shape == (3, 8, 8) and maps.foreground is not None
+  assert source.part_names == ("part 1", "part 2")  # a trained workdir's parts have no GT names
   assert source.spec()["step"] == 7
   with pytest.raises(ValueError, match="training workdir"):
     masks_lib.make_source(config_lib.part_masks("stage1"), "test", 1, None)
+
+
+def test_probe_report_names_discovered_parts_part_k_with_their_best_match(tmp_path):
+  """A trained workdir's parts (masks.source = stage1) in report.md and its figures: "part k",
+  with "(≈ group)" the group of the contingency row's largest entry; a part without keypoints
+  stays "part k"; the matched-parts column keeps the short name; ground-truth names only appear
+  as columns and matches."""
+  import ml_collections
+  from metonymy.evaluation import part_names
+  from metonymy.probe import report
+  config = ml_collections.ConfigDict({
+      "data": {"dataset": "synthetic"}, "seeds": [0], "report": {"title": ""},
+      "masks": {"source": "stage1", "patch_rule": "plurality"}, "features": {"prefix": "cls"}})
+  groups = ["head", "tail"]
+  names = part_names.discovered_names(3)  # the stage1 source's names (its test, above)
+  seed0 = {"backbone": "tiny", "seed": 0, "dataset": "synthetic", "num_parts": 3,
+           "part_names": names, "groups": groups, "keypoint_groups": groups,
+           "maskings": ["late"], "probes": {"late": {"weight_decay": 0.1}},
+           "num_train": 8, "num_val": 4, "num_test": 4, "tau": 0.5,
+           "assignment": [[False, True], [True, False], [False, False]],
+           "assignment_source": ["contingency"] * 2, "ps_late": 0.1,
+           "map_matrix_late": [[0.5, 0.4], [0.4, 0.5], [0.3, 0.3]],
+           "contingency": [[0.1, 0.7], [0.8, 0.2], [0.0, 0.0], [0.1, 0.1]]}
+  results = report.build_results(config, {"tiny": [seed0]}, {})
+  written = report.write(str(tmp_path), config, results, visuals={}, arch={})
+  text = (tmp_path / "report.md").read_text()
+  assert "| part 1 (≈ tail) | 0.500 | 0.400 |" in text
+  assert "| part 2 (≈ head) | 0.400 | 0.500 |" in text
+  assert "| part 3 | 0.300 | 0.300 |" in text
+  assert "| head | part 2 | contingency |" in text  # K_g^+ lists the short names
+  assert "P0" not in text and "| head (" not in text
+  assert any(path.endswith("contingency_tiny.png") for path in written)
 
 
 # ------------------------------------------------------------------------------------------------

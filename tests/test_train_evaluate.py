@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from sklearn import metrics as skm
 
+from metonymy.evaluation import part_names
 from metonymy.training import evaluate
 
 
@@ -54,4 +55,99 @@ def test_evaluate_metrics_match_sklearn_and_perfect_parts_score_100():
     np.testing.assert_allclose(scalars[key], 100.0, err_msg=key)
   assert scalars["parts/num_keypoints"] == visible.sum()
   image = out["image"]
-  assert image.dtype == np.uint8 and image.shape == (2 * 128, 2 * 128, 3)
+  # 2 images of 32 px zoomed to 192, rows image / parts / keypoints, then the legends.
+  assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3
+  assert image.shape[0] > 3 * 192 and image.shape[1] > 2 * 192
+
+
+def _has_block(image: np.ndarray, color, size: int = 12) -> bool:
+  """Whether `image` holds a size x size square of exactly `color` (a swatch or a panel, not
+  anti-aliased text)."""
+  hit = np.all(image == np.asarray(color, np.uint8), axis=-1).astype(np.int64)
+  sums = np.pad(hit.cumsum(0).cumsum(1), ((1, 0), (1, 0)))
+  windows = sums[size:, size:] - sums[:-size, size:] - sums[size:, :-size] + sums[:-size, :-size]
+  return bool((windows == size * size).any())
+
+
+def _quadrant_maps(n, parts):
+  """Part k covers quadrant k (k < 3); the background the last quadrant; part 3 is empty."""
+  maps = np.zeros((n, parts + 1, 4, 4), np.float32)
+  maps[:, 0, :2, :2] = maps[:, 1, :2, 2:] = maps[:, 2, 2:, :2] = 1
+  maps[:, parts, 2:, 2:] = 1
+  return maps
+
+
+def test_part_overlay_shows_parts_ground_truth_and_a_legend_in_the_parts_colours():
+  n, parts = 2, 4
+  rng = np.random.default_rng(0)
+  images = rng.normal(size=(n, 32, 32, 3))
+  keypoints = np.broadcast_to(np.array([[4, 4], [28, 4], [4, 28]], np.float32), (n, 3, 2))
+  visible = np.ones((n, 3), bool)
+  colors = part_names.part_colors(parts)
+  groups = part_names.group_colors(3)
+  image = evaluate.part_overlay(images, _quadrant_maps(n, parts), (0.5,) * 3, (0.25,) * 3,
+                                keypoints=keypoints, keypoint_visible=visible,
+                                group_names=["beak", "wing", "tail"],
+                                part_names=["part 1 (≈ beak)", "part 2 (≈ wing)",
+                                            "part 3 (≈ tail)", "part 4"])
+  assert image.dtype == np.uint8 and image.shape[2] == 3
+  gap, left, panel = 4, evaluate._LEFT, 192  # 32 px zoomed by 6: every panel is 192 px
+  assert image.shape[0] > 3 * panel and image.shape[1] >= left + 2 * panel
+  parts_row = image[gap + panel + gap:gap + 2 * (panel + gap) - gap, left:left + panel]
+  # Nearest zoom: each quadrant of the parts panel is one flat colour, the background black.
+  for k, (row, col) in enumerate([(48, 48), (48, 144), (144, 48)]):
+    np.testing.assert_array_equal(parts_row[row, col], colors[k])
+  np.testing.assert_array_equal(parts_row[144, 144], part_names.BACKGROUND_COLOR)
+  assert tuple(colors[-1]) not in {tuple(c) for c in colors[:-1]}  # its own colour
+  # Ground truth below the parts: each keypoint a disc of its group's colour.
+  truth_row = image[gap + 2 * (panel + gap):gap + 3 * panel + 2 * gap, left:left + panel]
+  for g, (x, y) in enumerate([(4, 4), (28, 4), (4, 28)]):
+    np.testing.assert_array_equal(truth_row[int((y + 0.5) * 6), int((x + 0.5) * 6)], groups[g])
+  # The legends under the panels: a swatch in every part's colour (the empty part 4 included),
+  # the background's, and every ground-truth group's.
+  legend = image[gap + 3 * panel + 3 * gap:]
+  for color in list(colors) + list(groups):
+    assert _has_block(legend, color), color
+  assert not _has_block(legend, (255, 0, 255))  # (the check finds only what is there)
+
+
+def test_part_overlay_prefers_a_ground_truth_part_mask():
+  n, parts = 1, 4
+  segmentation = np.zeros((n, 32, 32), np.int64)
+  segmentation[:, :16, :16] = 2  # group 1 ("wing") in the top-left quadrant, background elsewhere
+  image = evaluate.part_overlay(np.zeros((n, 32, 32, 3)), _quadrant_maps(n, parts), (0.5,) * 3,
+                                (0.25,) * 3, segmentation=segmentation,
+                                keypoints=np.zeros((n, 3, 2)), keypoint_visible=np.ones((n, 3), bool),
+                                group_names=["beak", "wing", "tail"])
+  gap, left, panel = 4, evaluate._LEFT, 192
+  truth = image[gap + 2 * (panel + gap):gap + 3 * panel + 2 * gap, left:left + panel]
+  np.testing.assert_array_equal(truth[48, 48], part_names.group_colors(3)[1])
+  np.testing.assert_array_equal(truth[144, 144], part_names.BACKGROUND_COLOR)
+  legend = image[gap + 3 * panel + 3 * gap:]
+  for color in part_names.group_colors(3):
+    assert _has_block(legend, color)
+
+
+def test_evaluate_names_the_overlay_parts_by_their_best_keypoint_match(monkeypatch):
+  """The overlay's legend: "part k (≈ group)" from the whole evaluation set's contingency; the
+  part that holds no keypoint stays "part k" (never a ground-truth name of its own)."""
+  rng = np.random.default_rng(2)
+  n, parts = 4, 4
+  keypoints = np.broadcast_to(np.array([[4, 4], [28, 4], [4, 28]], np.float32), (n, 3, 2)).copy()
+  labels = (rng.random((n, 2)) < 0.5).astype(np.float32)
+  batch = _predictions(rng, _quadrant_maps(n, parts), keypoints, np.ones((n, 3), bool),
+                       rng.normal(size=(n, 2)), labels)
+  seen = {}
+  real = evaluate.part_overlay
+  monkeypatch.setattr(evaluate, "part_overlay",
+                      lambda *a, **kw: seen.update(kw) or real(*a, **kw))
+  out = evaluate.evaluate(lambda b: b, [batch], image_mean=(0.5,) * 3, image_std=(0.25,) * 3,
+                          num_images=2, keypoint_group_names=("beak", "wing", "tail"))
+  assert seen["part_names"] == ["part 1 (≈ beak)", "part 2 (≈ wing)", "part 3 (≈ tail)", "part 4"]
+  assert seen["group_names"] == ["beak", "wing", "tail"] and len(seen["keypoints"]) == 2
+  assert out["image"].dtype == np.uint8
+  unnamed = evaluate.evaluate(lambda b: b, [batch], image_mean=(0.5,) * 3, image_std=(0.25,) * 3,
+                              num_images=1)
+  assert seen["part_names"][0] == "part 1 (≈ group 1)" and unnamed["image"].ndim == 3
+  assert evaluate.evaluate(lambda b: b, [batch], image_mean=(0.5,) * 3, image_std=(0.25,) * 3,
+                           num_images=0)["image"] is None

@@ -4,10 +4,12 @@
   part_metrics  contingency matrix, part assignment (tau or manual), PS (eq. 1), MPPO (eq. 2),
                 NMI / ARI of part assignments at keypoints
   bootstrap     bootstrap confidence intervals and averaging over seeds
+  part_names    how discovered parts are named ("part k", "part k (≈ wing)") and coloured
 """
 
 from metonymy.evaluation import bootstrap
 from metonymy.evaluation import metrics
 from metonymy.evaluation import part_metrics
+from metonymy.evaluation import part_names
 
-__all__ = ["bootstrap", "metrics", "part_metrics"]
+__all__ = ["bootstrap", "metrics", "part_metrics", "part_names"]

@@ -46,6 +46,8 @@ from typing import Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
+from metonymy.evaluation import part_names as part_names_lib
+
 PATCH_RULES = ("plurality", "foreground")
 SOURCES = ("ground_truth", "file", "stage1")
 
@@ -250,7 +252,7 @@ class FileMasks:
     self.num_parts = int(in_file)
     if self.num_parts < 1:
       raise ValueError(f"{self.path}: no foreground part found ({where})")
-    self.part_names = tuple(part_names) or tuple(f"P{k}" for k in range(self.num_parts))
+    self.part_names = tuple(part_names) or tuple(part_names_lib.discovered_names(self.num_parts))
     if len(self.part_names) != self.num_parts:
       raise ValueError(f"masks.part_names has {len(self.part_names)} names for {self.num_parts} "
                        f"parts")
@@ -336,7 +338,7 @@ class Stage1Masks:
     self.path = workdir
     self.model = loading.load_part_masks(workdir)
     self.num_parts = int(self.model.num_parts)
-    self.part_names = tuple(part_names) or tuple(f"P{k}" for k in range(self.num_parts))
+    self.part_names = tuple(part_names) or tuple(part_names_lib.discovered_names(self.num_parts))
     self.image_mean, self.image_std = tuple(image_mean), tuple(image_std)
 
   def spec(self) -> Dict:

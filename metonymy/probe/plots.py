@@ -12,10 +12,11 @@ import textwrap
 import warnings
 from typing import Dict, List, Optional, Sequence
 
-import matplotlib
 from matplotlib import patches
 from matplotlib.figure import Figure
 import numpy as np
+
+from metonymy.evaluation import part_names as part_names_lib
 
 
 def subplots(nrows: int = 1, ncols: int = 1, *, figsize, **kwargs):
@@ -42,8 +43,10 @@ def _annotate(ax, values: np.ndarray, dark: Optional[np.ndarray] = None, fmt: st
 def contingency_heatmap(path: str, contingency, part_names: Sequence[str],
                         group_names: Sequence[str], assignment=None, tau: Optional[float] = None):
   c = _array(contingency)
-  rows = list(part_names) + ["background"]
-  fig, ax = subplots(figsize=(2.2 + 0.8 * len(group_names), 1.4 + 0.45 * len(rows)))
+  rows = list(part_names) + [part_names_lib.BACKGROUND]
+  # Room for the row names ("part 3 (≈ wing)": ~0.07 in a character at this size).
+  width = 1.6 + 0.8 * len(group_names) + 0.07 * max(map(len, rows))
+  fig, ax = subplots(figsize=(width, 1.4 + 0.45 * len(rows)))
   image = ax.imshow(np.nan_to_num(c), cmap="Blues", vmin=0, vmax=1)
   fig.colorbar(image, ax=ax, fraction=0.05, pad=0.03, label="co-occurrence c[k, g]")
   _annotate(ax, c, np.nan_to_num(c) > 0.6)
@@ -58,7 +61,7 @@ def contingency_heatmap(path: str, contingency, part_names: Sequence[str],
   title = "Spatial contingency c[k, g]"
   if tau is not None:
     title += f" (red: c > tau = {tau:g})"
-  ax.set_title(title, fontsize=9)
+  ax.set_title(textwrap.fill(title, max(24, int(11 * width))), fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
 
@@ -67,8 +70,10 @@ def map_matrices(path: str, matrices: Dict[str, object], part_names: Sequence[st
                  group_names: Sequence[str], assignment=None, title: str = ""):
   """matrices: masking -> [K, G] mAP; cells coloured by column-normalized mAP (as Fig. S5)."""
   names = list(matrices)
-  fig, axes = subplots(1, len(names), figsize=(1.5 + 0.8 * len(group_names) * len(names) + 1.4,
-                                                   1.8 + 0.42 * len(part_names)), squeeze=False)
+  labels = 0.07 * max(map(len, part_names)) * len(names)  # each panel names its rows
+  fig, axes = subplots(1, len(names), figsize=(0.5 + 0.8 * len(group_names) * len(names) + 1.4
+                                               + labels, 1.8 + 0.42 * len(part_names)),
+                       squeeze=False)
   fig.set_layout_engine("constrained")  # room for the shared colorbar
   for ax, masking in zip(axes[0], names):
     m = _array(matrices[masking])
@@ -124,13 +129,14 @@ def ps_scatter(path: str, matrices: Dict[str, object], assignment, group_names: 
 
 def part_overlays(path: str, visual: Dict[str, np.ndarray], num_parts: int, patch_size: int,
                   part_names: Sequence[str], title: str = ""):
-  """Each example: the image, its pixel part map and the patch-grid ids the backbone sees."""
+  """Each example: the image, its pixel part map and the patch-grid ids the backbone sees, in
+  `part_names.part_colors` (the training images' colours; background black); `part_names`: the
+  K legend names (e.g. "part 3 (≈ wing)")."""
   images = visual.get("images")
   if images is None or not len(images):
     return False
   n = len(images)
-  cmap = matplotlib.colormaps.get_cmap("tab10" if num_parts < 10 else "tab20")
-  colours = np.array([cmap(k % cmap.N)[:3] for k in range(num_parts)] + [(0.0, 0.0, 0.0)])
+  colours = part_names_lib.part_colors(num_parts) / 255.0
   fig, axes = subplots(3, n, figsize=(1.9 * n, 5.8), squeeze=False)
   for i in range(n):
     image = np.asarray(images[i])
@@ -152,10 +158,14 @@ def part_overlays(path: str, visual: Dict[str, np.ndarray], num_parts: int, patc
   axes[0][0].set_ylabel("image")
   axes[1][0].set_ylabel("part map")
   axes[2][0].set_ylabel("patch grid")
-  handles = [patches.Rectangle((0, 0), 1, 1, color=colours[k]) for k in range(num_parts)]
-  fig.legend(handles, list(part_names), loc="lower center", ncol=min(num_parts, 8), fontsize=7)
+  handles = [patches.Rectangle((0, 0), 1, 1, color=colours[k]) for k in range(num_parts + 1)]
+  names = list(part_names) + [part_names_lib.BACKGROUND]
+  # As many legend columns as fit the figure's width (7 pt text: ~0.055 in a character).
+  ncol = max(1, min(len(names), int(1.9 * n / (0.4 + 0.055 * max(map(len, names))))))
+  legend_rows = -(-len(names) // ncol)
+  fig.legend(handles, names, loc="lower center", ncol=ncol, fontsize=7)
   fig.suptitle(title or "Part maps", fontsize=9)
-  fig.tight_layout(rect=(0, 0.05, 1, 1))
+  fig.tight_layout(rect=(0, min(0.4, 0.02 + 0.032 * legend_rows), 1, 1))
   fig.savefig(path, dpi=110)
   return True
 

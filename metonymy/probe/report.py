@@ -17,6 +17,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from metonymy.evaluation import bootstrap as bootstrap_lib
+from metonymy.evaluation import part_names as part_names_lib
 from metonymy.probe import plots
 
 # Per-seed keys that are numbers (or nested lists of numbers) and are averaged over seeds.
@@ -212,12 +213,18 @@ def write(workdir: str, config, results: Dict, visuals: Mapping[str, Dict],
   for name, b in backbones.items():
     seed0 = b["seeds"][0]
     part_names, groups = seed0["part_names"], seed0["groups"]
+    labels = part_labels(seed0, b["mean"].get("contingency"))  # the matrices' and figures' rows
     slug = "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
     lines += [f"## {name}", ""]
     decays = "; ".join(f"{m}: {seed0['probes'][m]['weight_decay']}" for m in seed0["maskings"])
     lines += [f"Train {seed0['num_train']} / val {seed0['num_val']} / test {seed0['num_test']} "
               f"examples; K = {seed0['num_parts']} parts; tau = {seed0['tau']:g}. Weight decay "
               f"chosen per part: {decays}.", ""]
+    if labels != list(part_names):
+      lines += ["Discovered parts have no names of their own: part 1..K, with \"≈ g\" the "
+                "keypoint group with the largest share of its visible keypoints inside the part "
+                "(the largest entry of the part's contingency row, mean over seeds), not a "
+                "ground-truth label: " + "; ".join(x for x in labels if "≈" in x) + ".", ""]
     ps_rows = []
     for g, group in enumerate(groups):
       matched = [part_names[k] for k in range(len(part_names)) if seed0["assignment"][k][g]]
@@ -246,17 +253,17 @@ def write(workdir: str, config, results: Dict, visuals: Mapping[str, Dict],
     for m in seed0["maskings"]:
       if f"map_matrix_{m}" in b["mean"]:
         lines += [f"mAP matrix, {m} masking (rows: parts, columns: groups):", "",
-                  _matrix_md(b["mean"][f"map_matrix_{m}"], part_names, groups), ""]
+                  _matrix_md(b["mean"][f"map_matrix_{m}"], labels, groups), ""]
     if b["mean"].get("contingency") is not None:
       png = os.path.join(workdir, f"contingency_{slug}.png")
-      plots.contingency_heatmap(png, b["mean"]["contingency"], part_names,
+      plots.contingency_heatmap(png, b["mean"]["contingency"], labels,
                                 seed0["keypoint_groups"], _kp_assignment(seed0), seed0["tau"])
       lines += [f"![contingency]({os.path.basename(png)})", ""]
       written.append(png)
     matrices = {m: b["mean"][f"map_matrix_{m}"] for m in seed0["maskings"]
                 if f"map_matrix_{m}" in b["mean"]}
     png = os.path.join(workdir, f"map_matrices_{slug}.png")
-    plots.map_matrices(png, matrices, part_names, groups, seed0["assignment"],
+    plots.map_matrices(png, matrices, labels, groups, seed0["assignment"],
                        f"{name}: attribute mAP per part and group")
     written.append(png)
     png2 = os.path.join(workdir, f"ps_scatter_{slug}.png")
@@ -267,14 +274,25 @@ def write(workdir: str, config, results: Dict, visuals: Mapping[str, Dict],
     vis = visuals.get(name, {})
     png3 = os.path.join(workdir, f"overlays_{slug}.png")
     if plots.part_overlays(png3, vis, seed0["num_parts"], arch.get(name, {}).get("patch_size", 1),
-                           part_names, f"{name}: test images, part maps, patch grid"):
+                           labels, f"{name}: test images, part maps, patch grid"):
       lines += [f"![overlays]({os.path.basename(png3)})", ""]
       written.append(png3)
   report = os.path.join(workdir, "report.md")
-  with open(report, "w") as f:
+  with open(report, "w", encoding="utf-8") as f:
     f.write("\n".join(lines) + "\n")
   written.append(report)
   return written
+
+
+def part_labels(seed0: Mapping, contingency=None) -> List[str]:
+  """The row names of a backbone's part x group matrices and figures: the mask source's names,
+  except that discovered parts (default names "part 1".."part K") carry their best-matching
+  keypoint group where `contingency` ([K + 1, G] over seed0's keypoint groups) is known:
+  "part 3 (≈ wing)" (metonymy.evaluation.part_names)."""
+  names = list(seed0["part_names"])
+  if contingency is None or not part_names_lib.is_discovered(names):
+    return names
+  return part_names_lib.matched_names(names, _to_array(contingency), seed0["keypoint_groups"])
 
 
 def _fmt(values, i, digits=3):

@@ -1,5 +1,6 @@
 """Periodic evaluation during training: attribute mAP/AUROC, part NMI/ARI, part shares and the
-collapse check, part-map PNGs, and the workdir's report.md.
+collapse check, the part-map image (`part_overlay`: images, discovered parts, ground truth,
+legend), and the workdir's report.md.
 
 The metrics are the leakage benchmark's (metonymy/evaluation/), so training and benchmark
 numbers follow one protocol:
@@ -29,12 +30,14 @@ and ARI exactly 0; the shares say so directly, and say it before NMI can (datase
 keypoints have no NMI at all).
 """
 
+import textwrap
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from metonymy.evaluation import metrics
 from metonymy.evaluation import part_metrics
+from metonymy.evaluation import part_names as part_names_lib
 
 # One channel above this share of the evaluation patches is a collapse (e.g. Stage 1 giving
 # every patch to the background).
@@ -134,30 +137,161 @@ def collapse_warnings(scalars: Mapping[str, float],
   return warnings
 
 
-def part_overlay(images: np.ndarray, maps: np.ndarray, mean, std) -> np.ndarray:
-  """uint8 [2 S z, n S z, 3]: the images (top row) and their argmax part maps over them (bottom;
-  background left uncoloured), zoomed by an integer z so small images are at least 128 px.
-  images [n, S, S, 3] normalized; maps [n, K+1, h, w]."""
-  from matplotlib import colormaps
-  images = np.clip((images * np.asarray(std) + np.asarray(mean)) * 255, 0, 255)
+# The overlay: each image at least this many pixels a side (nearest-neighbour zoom), the legend
+# text at this size (points at 100 dpi).
+OVERLAY_MIN_SIZE = 192
+# _CHAR: a generous mean character width of that font, for laying out the legend.
+_GAP, _LEFT, _FONT, _LINE, _SWATCH, _CHAR = 4, 92, 9, 20, 14, 7.0
+
+
+def _resize_nearest(labels: np.ndarray, size: Tuple[int, int]) -> np.ndarray:
+  """Nearest-neighbour resize of [..., h, w] to [..., H, W] (pixel-centre sampling)."""
+  h, w = labels.shape[-2:]
+  rows = np.minimum(((np.arange(size[0]) + 0.5) * h / size[0]).astype(np.int64), h - 1)
+  cols = np.minimum(((np.arange(size[1]) + 0.5) * w / size[1]).astype(np.int64), w - 1)
+  return labels[..., rows[:, None], cols[None, :]]
+
+
+def _draw_keypoints(panel: np.ndarray, points: np.ndarray, colors: np.ndarray, radius: int):
+  """Filled discs of `colors` [P, 3] at `points` [P, 2] ((x, y) panel pixels), black-rimmed."""
+  height, width = panel.shape[:2]
+  yy, xx = np.mgrid[-radius - 1:radius + 2, -radius - 1:radius + 2]
+  dist = np.hypot(xx, yy)
+  for (x, y), color in zip(points, colors):
+    for within, value in ((dist <= radius + 1, (0, 0, 0)), (dist <= radius, color)):
+      rows, cols = yy[within] + int(y), xx[within] + int(x)
+      inside = (rows >= 0) & (rows < height) & (cols >= 0) & (cols < width)
+      panel[rows[inside], cols[inside]] = value
+
+
+def _legend_column(labels: Sequence[str]) -> int:
+  """The width in pixels of one legend entry (swatch and its longest label)."""
+  return _SWATCH + 6 + int(_CHAR * max(len(label) for label in labels)) + 14
+
+
+def part_overlay(images: np.ndarray, maps: np.ndarray, mean, std, *,
+                 part_names: Optional[Sequence[str]] = None,
+                 keypoints: Optional[np.ndarray] = None,
+                 keypoint_visible: Optional[np.ndarray] = None,
+                 keypoint_group: Optional[Sequence[int]] = None,
+                 group_names: Optional[Sequence[str]] = None,
+                 segmentation: Optional[np.ndarray] = None,
+                 min_size: int = OVERLAY_MIN_SIZE) -> np.ndarray:
+  """The part-map image of the first evaluation images: uint8 [H, W, 3].
+
+  One column per image; rows: the image; its discovered parts, the argmax over the K + 1 maps in
+  `part_names.part_colors` (one colour per part, black for the background); the ground truth
+  beside it, the `segmentation` (part_segmentation: 0 background, g + 1 group g) in
+  `group_colors`, else the visible keypoints as discs of their group's colour over the greyed
+  image (no row without either). Every panel is zoomed by an integer factor (nearest) to at least
+  `min_size` pixels a side. Below, the legends: a swatch and name per part ("part 1".."part K",
+  or `part_names`, e.g. "part 3 (≈ wing)") and "background", then one per ground-truth group.
+
+  Args:
+    images: [n, S, S, 3] normalized with mean / std.
+    maps: [n, K + 1, h, w], background last.
+    part_names: the K foreground names (default "part 1".."part K").
+    keypoints: [n, M, 2] (x, y) pixels of the images; keypoint_visible: bool [n, M].
+    keypoint_group: int [M], each keypoint's group (None: keypoint m is group m).
+    group_names: the G ground-truth group names (default "group 1".."group G").
+    segmentation: int [n, S, S], preferred over keypoints when given.
+  """
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
+  images = np.clip((np.asarray(images) * np.asarray(std) + np.asarray(mean)) * 255, 0, 255)
   n, size_h, size_w = images.shape[:3]
-  groups = maps.shape[1]
-  ids = np.argmax(maps, axis=1)
-  ids = ids.repeat(size_h // ids.shape[1], 1).repeat(size_w // ids.shape[2], 2)
-  palette = np.asarray(colormaps["tab10" if groups <= 11 else "tab20"].colors)[:, :3] * 255
-  colors = palette[ids % len(palette)]
-  foreground = (ids < groups - 1)[..., None]
-  overlay = np.where(foreground, 0.45 * images + 0.55 * colors, 0.6 * images)
-  top = np.concatenate(list(images), axis=1)
-  bottom = np.concatenate(list(overlay), axis=1)
-  grid = np.concatenate([top, bottom], axis=0).astype(np.uint8)
-  zoom = max(1, 128 // max(size_h, size_w))  # Smoke-run images are tiny: make them viewable.
-  return grid.repeat(zoom, 0).repeat(zoom, 1)
+  num_parts = maps.shape[1] - 1
+  zoom = max(1, -(-int(min_size) // max(size_h, size_w)))
+  ph, pw = size_h * zoom, size_w * zoom
+  colors = part_names_lib.part_colors(num_parts)
+  fg_names = list(part_names) if part_names is not None else (
+      part_names_lib.discovered_names(num_parts))
+  if len(fg_names) != num_parts:
+    raise ValueError(f"{len(fg_names)} part names for {num_parts} parts")
+  shown = images.repeat(zoom, 1).repeat(zoom, 2)
+  ids = _resize_nearest(np.argmax(np.asarray(maps), axis=1), (ph, pw))
+  rows = [("image", shown), ("discovered\nparts", colors[ids].astype(np.float64))]
+  truth = None
+  if segmentation is not None:
+    seg = _resize_nearest(np.asarray(segmentation, np.int64), (ph, pw))
+    num_groups = len(group_names) if group_names else int(seg.max(initial=0))
+    truth = "part mask"
+  elif keypoints is not None and keypoint_visible is not None:
+    points = np.asarray(keypoints, np.float64)
+    visible = np.asarray(keypoint_visible, bool)
+    group = (np.arange(points.shape[1]) if keypoint_group is None
+             else np.asarray(keypoint_group, np.int64))
+    num_groups = len(group_names) if group_names else int(group.max(initial=-1)) + 1
+    truth = "keypoints"
+  if truth is not None:
+    names = list(group_names) if group_names else [f"group {g + 1}" for g in range(num_groups)]
+    gt_colors = part_names_lib.group_colors(max(num_groups, 1))
+    if truth == "part mask":
+      table = np.concatenate([np.asarray([part_names_lib.BACKGROUND_COLOR], np.uint8), gt_colors])
+      panel = table[np.clip(seg, 0, num_groups)].astype(np.float64)
+    else:
+      grey = shown.mean(-1, keepdims=True).repeat(3, -1)
+      panel = 0.45 * grey + 0.55 * 200  # washed out, so the keypoint colours stand out
+      radius = max(4, min(ph, pw) // 32)
+      for i in range(n):
+        centres = (np.floor(points[i, visible[i]]) + 0.5) * zoom
+        _draw_keypoints(panel[i], centres, gt_colors[group[visible[i]] % len(gt_colors)], radius)
+    rows.append((f"ground truth\n({truth})", panel))
+  # The canvas: the panels, then the legends (swatches here, their text by matplotlib).
+  legends = [("discovered parts: argmax of the K + 1 maps" + (
+      " (≈: the keypoint group with the largest share of its keypoints in the part)" if any("≈" in x for x in fg_names) else ""),
+      fg_names + [part_names_lib.BACKGROUND], colors)]
+  if truth == "part mask":
+    legends.append(("ground truth: part mask", [part_names_lib.BACKGROUND] + names, table))
+  elif truth is not None:
+    legends.append(("ground truth: visible keypoints by group", names, gt_colors[:len(names)]))
+  grid_w = n * pw + (n - 1) * _GAP
+  width = max(_LEFT + grid_w, max(_legend_column(labels) for _, labels, _ in legends)) + _GAP
+  layouts = []  # (title lines, columns, column width) per legend
+  for title, labels, _ in legends:
+    column = _legend_column(labels)
+    cols = max(1, min(len(labels), (width - _GAP) // column))
+    layouts.append((textwrap.wrap(title, max(20, int((width - 2 * _GAP) / _CHAR))), cols, column))
+  legend_h = sum(_LINE * (len(lines) + -(-len(labels) // cols)) + _GAP
+                 for (_, labels, _), (lines, cols, _) in zip(legends, layouts))
+  grid_h = len(rows) * ph + (len(rows) - 1) * _GAP
+  height = _GAP + grid_h + _GAP + legend_h + _GAP
+  canvas = np.full((height, width, 3), 255, np.uint8)
+  texts = []  # (x, y of the text's vertical centre, text)
+  for r, (label, panels) in enumerate(rows):
+    top = _GAP + r * (ph + _GAP)
+    texts.append((_GAP, top + ph / 2, label))
+    for i in range(n):
+      left = _LEFT + i * (pw + _GAP)
+      canvas[top:top + ph, left:left + pw] = np.clip(panels[i], 0, 255).astype(np.uint8)
+  y = _GAP + grid_h + _GAP
+  for (_, labels, swatches), (lines, cols, column) in zip(legends, layouts):
+    for line in lines:
+      texts.append((_GAP, y + _LINE / 2, line))
+      y += _LINE
+    for j, label in enumerate(labels):
+      x0, y0 = _GAP + (j % cols) * column, y + (j // cols) * _LINE
+      sy = y0 + (_LINE - _SWATCH) // 2
+      canvas[sy:sy + _SWATCH, x0:x0 + _SWATCH] = swatches[j]
+      texts.append((x0 + _SWATCH + 6, y0 + _LINE / 2, label))
+    y += _LINE * -(-len(labels) // cols) + _GAP
+  # Only the text goes through matplotlib, dark on white over the canvas's white margins; the
+  # darker of the two keeps the panels and swatches pixel-exact (and skips resampling them).
+  fig = Figure(figsize=(width / 100, height / 100), dpi=100, facecolor="white")
+  agg = FigureCanvasAgg(fig)
+  for x, yc, text in texts:
+    fig.text(x / width, 1 - yc / height, text, fontsize=_FONT, ha="left", va="center")
+  agg.draw()
+  drawn = np.asarray(agg.buffer_rgba())[:height, :width, :3]
+  lettering = np.full_like(canvas, 255)
+  lettering[:drawn.shape[0], :drawn.shape[1]] = drawn  # (the canvas may round a pixel off)
+  return np.minimum(canvas, lettering)
 
 
 def evaluate(predict: Callable[[Dict[str, np.ndarray]], Dict[str, Any]],
              batches: Iterable[Dict[str, np.ndarray]], *, image_mean, image_std,
-             num_images: int = 8, keypoint_group: Optional[Sequence[int]] = None) -> Dict[str, Any]:
+             num_images: int = 8, keypoint_group: Optional[Sequence[int]] = None,
+             keypoint_group_names: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   """Runs `predict` over the evaluation batches and computes the metrics above.
 
   Args:
@@ -168,16 +302,20 @@ def evaluate(predict: Callable[[Dict[str, np.ndarray]], Dict[str, Any]],
     num_images: how many of the first images the overlay shows (0: no overlay).
     keypoint_group: int [M], the group of each of the M keypoints
       (`DatasetInfo.keypoint_group_ids`); None: keypoint m is group m.
+    keypoint_group_names: the G group names (`DatasetInfo.keypoint_groups`), for the overlay's
+      ground-truth legend and its parts' best matches ("part 3 (≈ wing)"); None: "group g".
 
   Returns:
-    {"scalars": {name: float}, "image": uint8 overlay of the first images or None}.
+    {"scalars": {name: float}, "image": uint8 [H, W, 3] `part_overlay` of the first images (a
+    `part_segmentation` in the batch is its ground truth, else the keypoints), or None}. Its part
+    names carry their best match in the contingency of the whole evaluation set's keypoints.
   """
   logits: Dict[str, List[np.ndarray]] = {}
   labels, label_valid = [], []
   parts_all, parts_fg = [], []  # int [S, M]: the part under each keypoint, -1 if not visible
   num_parts = None
   won = mass = 0.0  # float [K+1]: argmax wins and soft mass per channel, summed over the set
-  overlay: Optional[np.ndarray] = None
+  shown: Optional[Dict[str, Any]] = None  # the overlay's inputs, from the first batch
   for host_batch in batches:
     out = predict(host_batch)
     valid = np.asarray(out["valid"], bool)
@@ -195,10 +333,16 @@ def evaluate(predict: Callable[[Dict[str, np.ndarray]], Dict[str, Any]],
       visible = np.asarray(out["keypoint_visible"], bool)[valid]
       parts_all.append(np.where(visible, np.argmax(read, -1), part_metrics.INVISIBLE))
       parts_fg.append(np.where(visible, np.argmax(read[..., :-1], -1), part_metrics.INVISIBLE))
-    if overlay is None and num_images:
+    if shown is None and num_images:
       local = np.asarray(host_batch["image"])[:num_images]
       # The global batch's first rows are this process's first examples on process 0.
-      overlay = part_overlay(local, maps[:len(local)], image_mean, image_std)
+      shown = {"images": local, "maps": maps[:len(local)]}
+      if "keypoints" in out:
+        shown.update(keypoints=np.asarray(out["keypoints"])[:len(local)],
+                     keypoint_visible=np.asarray(out["keypoint_visible"], bool)[:len(local)])
+      segmentation = host_batch.get("part_segmentation", out.get("part_segmentation"))
+      if segmentation is not None:
+        shown["segmentation"] = np.asarray(segmentation)[:len(local)]
   if not labels:
     raise ValueError("evaluation got no batches")
   labels_np, valid_np = np.concatenate(labels), np.concatenate(label_valid)
@@ -222,6 +366,17 @@ def evaluate(predict: Callable[[Dict[str, np.ndarray]], Dict[str, Any]],
   if len(labels_np):
     scalars.update(part_share_scalars(won, mass))
   scalars["num_examples"] = float(len(labels_np))
+  overlay = None
+  if shown is not None:
+    names = part_names_lib.discovered_names(num_parts)
+    groups = list(keypoint_group_names) if keypoint_group_names else None
+    if parts_all:
+      counts = part_metrics.contingency(kp_all, num_parts, keypoint_group=keypoint_group)
+      names = part_names_lib.matched_names(
+          names, counts, groups or [f"group {g + 1}" for g in range(counts.shape[1])])
+    overlay = part_overlay(shown.pop("images"), shown.pop("maps"), image_mean, image_std,
+                           part_names=names, keypoint_group=keypoint_group, group_names=groups,
+                           **shown)
   return {"scalars": scalars, "image": overlay}
 
 

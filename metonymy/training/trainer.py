@@ -303,7 +303,8 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
     result = evaluate.evaluate(predict, iter(eval_ds), image_mean=vit_config.image_mean,
                                image_std=vit_config.image_std,
                                num_images=config.trainer.eval_images,
-                               keypoint_group=info.keypoint_group_ids or None)
+                               keypoint_group=info.keypoint_group_ids or None,
+                               keypoint_group_names=info.keypoint_groups or None)
     scalars = {f"eval/{k}": v for k, v in result["scalars"].items()}
     writer.write_scalars(step, scalars)
     if result["image"] is not None:
