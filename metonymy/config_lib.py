@@ -17,6 +17,8 @@ import os
 
 import ml_collections
 
+from metonymy.models import stage2_options  # No JAX: Stage 2's option defaults.
+
 
 def parse_arg(arg: str = "", **defaults) -> ml_collections.ConfigDict:
   """`arg` ("runlocal,preset=vit_b16") over `defaults` (runlocal=False, preset="vit_b14_reg4").
@@ -361,8 +363,7 @@ def shrink_probe_for_cpu(config: ml_collections.ConfigDict,
 
 
 def two_stage_model(num_parts: int, mask: str, *, temperature: float = 1.0,
-                    feature: str = "cls", ste_scope: str = "layer",
-                    hard_gradient: str = "selected") -> ml_collections.ConfigDict:
+                    **stage2) -> ml_collections.ConfigDict:
   """The two-stage model (models/two_stage.py): Stage 1 as in `stage1_model`, then Stage 2, a
   ViT that starts from the backbone's weights, trains at the optimizer's "backbone" rate and
   sees each part through `mask` in {"soft", "hard", "ste"} (paper §4.0.2); the loss is eq. 9
@@ -378,15 +379,19 @@ def two_stage_model(num_parts: int, mask: str, *, temperature: float = 1.0,
   drop_background: at inference, hard / STE Stage 2 skips the background group (bit-identical
   foreground outputs, models/block_sparse.py). attention_tiles > 0: tiled block-sparse
   attention under hard masks.
+
+  `stage2` overrides the other options of the model.stage2 block, whose defaults are
+  models/stage2_options.DEFAULTS (Stage2's own): feature "cls", ste_scope "layer", hard_gradient
+  "selected", drop_background True, attention_tiles 0. Values are checked where the model is
+  built (two_stage.Stage2), after any command-line override.
   """
-  if mask not in ("soft", "hard", "ste"):
-    raise ValueError(f"Stage-2 mask must be 'soft', 'hard' or 'ste', got {mask!r}")
-  if hard_gradient not in ("selected", "none"):
-    raise ValueError(f"Stage-2 hard_gradient must be 'selected' or 'none', got {hard_gradient!r}")
+  unknown = sorted(set(stage2) - set(stage2_options.DEFAULTS))
+  if unknown:
+    raise TypeError(f"two_stage_model got unknown Stage-2 options {unknown}; known are "
+                    f"{sorted(stage2_options.DEFAULTS)}")
   return ml_collections.ConfigDict({
       "name": "two_stage", "num_parts": num_parts, "temperature": temperature,
-      "stage2": {"mask": mask, "feature": feature, "ste_scope": ste_scope,
-                 "hard_gradient": hard_gradient, "drop_background": True, "attention_tiles": 0},
+      "stage2": dict({"mask": mask}, **dict(stage2_options.DEFAULTS, **stage2)),
   })
 
 

@@ -245,8 +245,27 @@ def test_hard_configs_send_the_selected_gradient_unless_told_none():
   assert loading.build_model(config, A)[0].stage2.hard_gradient == "selected"
   config.model.stage2.hard_gradient = "none"
   assert loading.build_model(config, A)[0].stage2.hard_gradient == "none"
+  # A bad value, from the config helper or a command-line override, fails where the model is built.
   with pytest.raises(ValueError, match="hard_gradient"):
-    config_lib.two_stage(_config("hard"), "hard", hard_gradient="stop")
+    loading.build_model(config_lib.two_stage(_config("hard"), "hard", hard_gradient="stop"), A)
+
+
+@pytest.mark.parametrize("option", ["mask", "feature", "ste_scope", "hard_gradient"])
+def test_stage2_options_are_checked_where_the_model_is_built(option):
+  config = _config("ste")
+  config.model.stage2[option] = "bogus"
+  with pytest.raises(ValueError, match=f"stage2 {option} must be one of .*'bogus'"):
+    loading.build_model(config, A)
+
+
+def test_a_model_block_without_the_later_stage2_options_builds_with_their_defaults():
+  """A workdir's saved model block from before ste_scope, hard_gradient, drop_background and
+  attention_tiles existed still rebuilds (loading.load_trained_part_model)."""
+  config = _config("hard")
+  config.model.stage2 = {"mask": "hard", "feature": "cls"}
+  stage2 = loading.build_model(config, A)[0].stage2
+  assert (stage2.ste_scope, stage2.hard_gradient, stage2.drop_background,
+          stage2.attention_tiles) == ("layer", "selected", True, 0)
 
 
 @pytest.mark.slow

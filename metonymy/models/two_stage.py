@@ -38,11 +38,12 @@ import jax.numpy as jnp
 
 from metonymy.models import attention_masks
 from metonymy.models import stage1 as stage1_lib
+from metonymy.models import stage2_options
 from metonymy.models import vit
 
-MASKS = ("soft", "hard", "ste")
-HARD_GRADIENTS = ("selected", "none")
-FEATURES = ("cls", "cls_registers")
+MASKS = stage2_options.MASKS
+HARD_GRADIENTS = stage2_options.HARD_GRADIENTS
+FEATURES = stage2_options.FEATURES
 
 
 def maps_to_patch_grid(maps: jnp.ndarray, grid: Tuple[int, int]) -> jnp.ndarray:
@@ -81,19 +82,26 @@ class Stage2(nn.Module):
       (models/block_sparse.py).
     attention_tiles: > 0: hard-mask attention tile by tile over the part-sorted sequence,
       skipping key tiles no query of a tile may see (models/block_sparse.py).
+
+  The defaults of the config's options are stage2_options.DEFAULTS (the config block's too), and
+  they are checked on construction, so a bad value fails where the model is built.
   """
   backbone: vit.ViTConfig
   num_parts: int
   num_attributes: int
   mask: str = "ste"
-  feature: str = "cls"
-  ste_scope: str = "layer"  # "layer" (per attention layer) or "stream" (whole-stream outputs).
-  hard_gradient: str = "selected"  # "selected" (Appendix F) or "none"; hard masks only.
-  drop_background: bool = True
-  attention_tiles: int = 0
+  feature: str = stage2_options.DEFAULTS["feature"]
+  ste_scope: str = stage2_options.DEFAULTS["ste_scope"]
+  hard_gradient: str = stage2_options.DEFAULTS["hard_gradient"]
+  drop_background: bool = stage2_options.DEFAULTS["drop_background"]
+  attention_tiles: int = stage2_options.DEFAULTS["attention_tiles"]
   attention_impl: Optional[str] = None  # VisionTransformer.attention_impl ("cudnn" on GPUs).
   norm_eps: float = 1e-5
   dtype: Any = jnp.float32
+
+  def __post_init__(self):
+    stage2_options.check(self.mask, self.feature, self.ste_scope, self.hard_gradient)
+    super().__post_init__()
 
   @nn.compact
   def __call__(self, images: jnp.ndarray, part_probs: jnp.ndarray,
@@ -104,13 +112,6 @@ class Stage2(nn.Module):
     (tests/test_two_stage.py), and without a backward pass the soft half is dead weight. The
     same holds for hard masks' "selected" gradient, so inference may drop the background.
     """
-    if self.mask not in MASKS:
-      raise ValueError(f"stage2 mask must be one of {MASKS}, got {self.mask!r}")
-    if self.feature not in FEATURES:
-      raise ValueError(f"stage2 feature must be one of {FEATURES}, got {self.feature!r}")
-    if self.hard_gradient not in HARD_GRADIENTS:
-      raise ValueError(f"stage2 hard_gradient must be one of {HARD_GRADIENTS}, "
-                       f"got {self.hard_gradient!r}")
     model = vit.VisionTransformer(self.backbone, dtype=self.dtype,
                                   attention_impl=self.attention_impl,
                                   attention_tiles=self.attention_tiles, name="backbone")
@@ -133,11 +134,9 @@ class Stage2(nn.Module):
         tokens = run(attention_bias=bias)
       elif self.ste_scope == "layer":
         tokens = run(straight_through_bias=bias)
-      elif self.ste_scope == "stream":
+      else:  # "stream"
         soft = run(attention_bias=bias)
         tokens = jax.lax.stop_gradient(run()) + (soft - jax.lax.stop_gradient(soft))
-      else:
-        raise ValueError(f"ste_scope must be 'layer' or 'stream', got {self.ste_scope!r}")
     features = tokens[:, :, 0] if self.feature == "cls" else jnp.mean(tokens, axis=2)
     modulated = nn.LayerNorm(epsilon=self.norm_eps, use_fast_variance=False, name="norm")(features)
     scores = jnp.swapaxes(nn.Dense(self.num_attributes, name="head")(modulated[:, :-1]), 1, 2)
@@ -211,13 +210,14 @@ def build(config, backbone: vit.VisionTransformer, num_attributes: int) -> TwoSt
   """The two-stage model on `backbone` (metonymy/loading.py builds it) for a config whose `model`
   block has a `stage2` block."""
   stage1 = stage1_lib.build(config, backbone, num_attributes)
+  # config_lib writes every option; the defaults fill in the ones a model block saved by an
+  # older version (a workdir's model info) lacks.
+  options = dict(stage2_options.DEFAULTS, **config.model.stage2)
   stage2 = Stage2(backbone=stage1.backbone.config, num_parts=config.model.num_parts,
-                  num_attributes=num_attributes, mask=config.model.stage2.mask,
-                  feature=config.model.stage2.feature,
-                  ste_scope=config.model.stage2.get("ste_scope", "layer"),
-                  hard_gradient=config.model.stage2.get("hard_gradient", "selected"),
-                  drop_background=config.model.stage2.get("drop_background", True),
-                  attention_tiles=config.model.stage2.get("attention_tiles", 0),
+                  num_attributes=num_attributes, mask=options["mask"], feature=options["feature"],
+                  ste_scope=options["ste_scope"], hard_gradient=options["hard_gradient"],
+                  drop_background=options["drop_background"],
+                  attention_tiles=options["attention_tiles"],
                   attention_impl=config.backbone.get("attention_impl") or None,
                   dtype=jnp.dtype(config.backbone.dtype))
   return TwoStage(stage1, stage2)
