@@ -186,6 +186,8 @@ def test_folder_configs_read_the_folder_given_as_data_root(exported):
     train, evaluation = inputs.sources(config.data)
     assert (len(train), len(evaluation)) == (N, N)
   probe = config_lib.load_sibling_config(str(ROOT / "configs" / "x.py"), "probe_folder", "tiny")
+  with pytest.raises(ValueError, match="config.data.root is empty"):  # The trainer's check.
+    benchmark.open_split(probe.data, "test", 0)
   probe.data.root = str(exported)
   source, info, _ = benchmark.open_split(probe.data, "test", 0)
   assert len(source) == N and info.part_names == _world("test").info.part_names

@@ -57,10 +57,30 @@ def make_source(dataset: str, root, split: str, *, source: str = "", **options):
   return _module(dataset, source).make_source(root, split, **options)
 
 
+def make_source_from_config(data_config, split: str):
+  """`make_source` of `split` for a config.data block: its dataset, root, source ("" when the
+  block has none) and options. The trainer and the leakage benchmark both open splits here.
+
+  An empty root is refused naming the flag that sets it (the synthetic world reads no files);
+  without the check each dataset would fail on its own missing first file.
+  """
+  if data_config.dataset != "synthetic" and not data_config.root:
+    raise ValueError(f"config.data.root is empty: set --config.data.root=DIR to the "
+                     f"{data_config.dataset} folder.")
+  return make_source(data_config.dataset, data_config.root or None, split,
+                     source=data_config.get("source", ""), **source_options(data_config))
+
+
+def source_options(data_config) -> dict:
+  """config.data.options as the plain dict of keyword options `make_source` takes."""
+  options = data_config.get("options") or {}
+  return options.to_dict() if hasattr(options, "to_dict") else dict(options)
+
+
 def check(dataset: str, root, *, source: str = "", **options) -> CheckReport:
   """Validate a dataset folder (raises DataError naming the file / line that is wrong)."""
   return _module(dataset, source).check(root, **options)
 
 
 __all__ = ["CheckReport", "DataError", "DatasetInfo", "DATASETS", "SOURCES", "check", "make_source",
-           "names"]
+           "make_source_from_config", "names", "source_options"]

@@ -44,19 +44,10 @@ ROLES = ("train", "val", "test")
 # Data.
 
 
-def _options(data_cfg) -> Dict:
-  options = data_cfg.options.to_dict() if hasattr(data_cfg.options, "to_dict") else dict(
-      data_cfg.options or {})
-  return options
-
-
 def open_split(data_cfg, split: str, max_examples: int):
   """(source, info, subset indices or None): the split, cut to a fixed random subset of
   `max_examples` (seed 0, independent of the run's seeds so caches are shared) when smaller."""
-  if data_cfg.dataset != "synthetic" and not data_cfg.root:
-    raise ValueError(f"data.root is empty: pass --config.data.root=<the {data_cfg.dataset} folder>")
-  source = data_lib.make_source(data_cfg.dataset, data_cfg.root or None, split,
-                                source=data_cfg.get("source", ""), **_options(data_cfg))
+  source = data_lib.make_source_from_config(data_cfg, split)
   info = source.info
   if max_examples and max_examples < len(source):
     rng = np.random.default_rng(0)
@@ -170,7 +161,7 @@ def extract_splits(name: str, model, params, vit_config, config, cache_root: str
     identity = {
         "dataset": data_cfg.dataset,
         "root": os.path.abspath(data_cfg.root) if data_cfg.root else "",
-        "options": _options(data_cfg), "split": split,
+        "options": data_lib.source_options(data_cfg), "split": split,
         "subset": None if subset is None else cache_lib.fingerprint(subset.tolist()),
         "num_examples": len(source), "transforms": repr(transforms),
         "masks": mask_source.spec(), "patch_rule": masks_cfg.patch_rule,

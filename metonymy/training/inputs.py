@@ -35,17 +35,8 @@ class Subset:
 
 def sources(data_config) -> Tuple[object, object]:
   """(train source, eval source) of config.data."""
-  if data_config.dataset != "synthetic" and not data_config.root:
-    raise ValueError(f"config.data.root is empty: set --config.data.root=DIR to the "
-                     f"{data_config.dataset} folder.")
-  options = data_config.options.to_dict() if hasattr(data_config.options, "to_dict") else dict(
-      data_config.options)
-  root = data_config.root or None
-  source = data_config.get("source", "")  # "" = the dataset's own files; "tfds" (CelebA)
-  train = data_lib.make_source(data_config.dataset, root, data_config.train_split, source=source,
-                               **options)
-  evaluation = data_lib.make_source(data_config.dataset, root, data_config.eval_split,
-                                    source=source, **options)
+  train = data_lib.make_source_from_config(data_config, data_config.train_split)
+  evaluation = data_lib.make_source_from_config(data_config, data_config.eval_split)
   if data_config.get("train_examples", 0):
     train = Subset(train, data_config.train_examples)
   if data_config.eval_examples:
