@@ -60,6 +60,33 @@ def load_config(path: str, arg: str = "") -> ml_collections.ConfigDict:
   return module.get_config(arg)
 
 
+def check_overrides(argv) -> None:
+  """Raises ValueError (FileNotFoundError for a missing file) with the full key path when a
+  --config.a.b=v override in `argv` names a key the config lacks, and with the config file's own
+  message when it refuses its `:arg`. For every command that takes --config (main, the part-map
+  export).
+
+  config_flags itself fails on such keys too, but with a bare AttributeError; this says which
+  override, which key, and what keys exist at that level.
+  """
+  spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+  overrides = [a[len("--config."):].split("=", 1)[0] for a in argv if a.startswith("--config.")]
+  if spec is None:
+    return
+  config_file, _, arg = spec.partition(":")
+  # Also the file's own check of its arg (`:runlocl`), as one line instead of absl's FATAL.
+  config = load_config(config_file, arg)
+  for path in overrides:
+    node, walked = config, []
+    for part in path.split("."):
+      if not hasattr(node, "keys") or part not in node:
+        known = sorted(node.keys()) if hasattr(node, "keys") else []
+        where = ".".join(walked) or "<root>"
+        raise ValueError(f"Unknown config key {path!r} in --config.{path}: {where} has no key "
+                         f"{part!r}. Keys at {where}: {known}")
+      node, walked = node[part], walked + [part]
+
+
 def load_sibling_config(config_file: str, name: str, arg: str = "") -> ml_collections.ConfigDict:
   """`load_config` of configs/<name>.py, in the folder of `config_file` (`__file__` in a config):
   builds a config on another without making configs/ an importable package."""

@@ -6,10 +6,9 @@ it, so reading a config touches neither Flax nor a checkpoint; models/ holds mod
 
   model, params, arch = loading.build_backbone(config.backbone, seed)
   model, frozen = loading.build_model(config, num_attributes)   # Stage 1 or two-stage
-  masks = loading.load_part_masks(workdir)                      # models.stage1.PartMasks
+  trained = loading.load_trained_part_model(workdir)           # trained_part_model
 """
 
-import json
 import os
 from typing import Any, Optional, Tuple
 
@@ -18,12 +17,14 @@ import jax.numpy as jnp
 import ml_collections
 
 from metonymy import checkpoints
+from metonymy import trained_part_model
 from metonymy.models import part_model
 from metonymy.models import sam_encoder
 from metonymy.models import stage1
 from metonymy.models import two_stage
 from metonymy.models import vit
-from metonymy.training import run_state
+from metonymy.workdir import Workdir
+from metonymy.workdir import checkpoints as workdir_checkpoints
 
 # config.model.name -> the module whose `build(config, backbone, num_attributes)` makes it.
 MODELS = {"stage1": stage1, "two_stage": two_stage}
@@ -45,8 +46,8 @@ def build_backbone(config: ml_collections.ConfigDict, seed: int = 0):
 
 
 def _load_backbone(config: ml_collections.ConfigDict, seed: int):
-  if config.checkpoint and os.path.exists(os.path.join(config.checkpoint, run_state.MODEL_FILE)):
-    masks = load_part_masks(config.checkpoint)  # A training workdir: its Stage-2 ViT.
+  if config.checkpoint and Workdir(config.checkpoint).is_training_workdir():
+    masks = load_trained_part_model(config.checkpoint)  # A training workdir: its Stage-2 ViT.
     if "stage2" not in masks.params:
       raise ValueError(f"{config.checkpoint} is a single-stage workdir: its backbone is frozen; "
                        "pass that backbone's own checkpoint instead.")
@@ -84,28 +85,26 @@ def build_model(config: ml_collections.ConfigDict,
   return MODELS[name].build(config, backbone, num_attributes), frozen
 
 
-def load_part_masks(workdir: str, step: Optional[int] = None) -> stage1.PartMasks:
-  """The part-discovery model trained in `workdir` (its latest checkpoint, or `step`) as a
-  `PartMasks`: part maps, part ids on any patch grid, pixel labels, Stage-2 part features."""
-  path = os.path.join(workdir, run_state.MODEL_FILE)
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"{path} not found: {workdir} is not a Stage-1 training workdir.")
-  with open(path) as f:
-    meta = json.load(f)
+def load_trained_part_model(workdir, step: Optional[int] = None
+                            ) -> trained_part_model.TrainedPartModel:
+  """The part-discovery model trained in `workdir` (local or gs://; its latest checkpoint, or
+  `step`): part maps, part ids on any patch grid, pixel labels, Stage-2 part features."""
+  files = Workdir(workdir)
+  meta = files.read_model_info()
   if meta["model"]["name"] not in MODELS:
-    raise ValueError(f"{workdir} holds a {meta['model']['name']!r} model, not a part-discovery "
-                     "model ('stage1' or 'two_stage').")
+    raise ValueError(f"{files.path} holds a {meta['model']['name']!r} model, not a "
+                     "part-discovery model ('stage1' or 'two_stage').")
   backbone = dict(meta["backbone"])
-  saved = os.path.join(workdir, run_state.BACKBONE_DIR)
   if not backbone["checkpoint"]:
-    if not os.path.isdir(saved):
-      raise FileNotFoundError(f"{workdir} trained on a random-init backbone but {saved} is "
-                              f"missing.")
-    backbone["checkpoint"] = saved
+    if not files.backbone.is_dir():
+      raise FileNotFoundError(f"{files.path} trained on a random-init backbone but "
+                              f"{files.backbone} is missing.")
+    backbone["checkpoint"] = os.fspath(files.backbone)
   config = ml_collections.ConfigDict({"backbone": backbone, "model": meta["model"],
                                       "seed": meta["seed"]})
   model, frozen = build_model(config, meta["num_attributes"])
   images = jnp.zeros((1, meta["image_size"], meta["image_size"], 3), jnp.float32)
   abstract = jax.eval_shape(model.init, jax.random.PRNGKey(0), images, frozen)
-  params, restored_step = run_state.restore_params(workdir, abstract, step)
-  return stage1.PartMasks(model, params, frozen, dict(meta, step=restored_step))
+  params, restored_step = workdir_checkpoints.restore_params(files.path, abstract, step)
+  return trained_part_model.TrainedPartModel(model, params, frozen,
+                                             dict(meta, step=restored_step))

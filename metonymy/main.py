@@ -15,12 +15,13 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from metonymy import console
 from metonymy import config_checks
 from metonymy import config_lib
 from metonymy import distributed
 from metonymy import preflight
-from metonymy import workdir_claim
-from metonymy.training import writers
+from metonymy.workdir import claim as workdir_claim
+from metonymy.workdir import layout as workdir_layout
 
 # config_flags calls the file's get_config(arg) as config_lib.load_config does, then applies the
 # --config.a.b=v overrides.
@@ -46,6 +47,10 @@ JOBS = {
 # (the feature extraction uses that host's devices). Started as several processes they would
 # repeat the same work and race on the same files, so they refuse.
 SINGLE_PROCESS_JOBS = ("probe", "demo", "table3")
+# Jobs whose outputs (figures, caches, sub-runs) are written as local files: on an object-store
+# workdir (gs://) they run in a local copy that is copied back when they end. Training writes
+# to any workdir directly, from every host.
+STAGED_JOBS = ("backbone_smoke",) + SINGLE_PROCESS_JOBS
 # Jobs that may run without --workdir: each has one config family, and workdir_claim refuses a
 # default workdir holding another config's run. Training and the benchmark need --workdir.
 DEFAULT_WORKDIRS = {"demo": os.path.join("workdirs", "demo"),
@@ -86,40 +91,26 @@ def main(argv):
     lock = workdir_claim.claim(workdir, config)
   except (workdir_claim.WorkdirBusyError, workdir_claim.ConfigMismatchError) as e:
     sys.exit(f"error: {e}")
-  writers.quiet_library_logs()  # Every job's console: our lines, the libraries' warnings.
+  console.quiet_library_logs()  # Every job's console: our lines, the libraries' warnings.
   try:
     logging.info("Running job %s in %s", config.job, workdir)
-    importlib.import_module(JOBS[config.job]).run(config, workdir)
+    job = importlib.import_module(JOBS[config.job])
+    if config.job in STAGED_JOBS:  # Single-host writers of local files: gs:// via a copy.
+      with workdir_layout.staged_locally(workdir) as local:
+        job.run(config, local)
+    else:
+      job.run(config, workdir)
   finally:
     if lock is not None:
       lock.release()
 
 
 def check_overrides(argv) -> None:
-  """Fails with the full key path when a --config.a.b=v override names a key the config lacks,
-  and with the config file's own message when it refuses its `:arg`.
-
-  config_flags itself fails on such keys too, but with a bare AttributeError; this says which
-  override, which key, and what keys exist at that level.
-  """
-  spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
-  overrides = [a[len("--config."):].split("=", 1)[0] for a in argv if a.startswith("--config.")]
-  if spec is None:
-    return
-  config_file, _, arg = spec.partition(":")
-  try:  # Also the file's own check of its arg (`:runlocl`), as one line instead of absl's FATAL.
-    config = config_lib.load_config(config_file, arg)
+  """config_lib.check_overrides, as absl's usage error (one `error:` line from run())."""
+  try:
+    config_lib.check_overrides(argv)
   except (FileNotFoundError, ValueError) as e:
     raise app.UsageError(str(e)) from e
-  for path in overrides:
-    node, walked = config, []
-    for part in path.split("."):
-      if not hasattr(node, "keys") or part not in node:
-        known = sorted(node.keys()) if hasattr(node, "keys") else []
-        where = ".".join(walked) or "<root>"
-        raise app.UsageError(f"Unknown config key {path!r} in --config.{path}: {where} has no "
-                             f"key {part!r}. Keys at {where}: {known}")
-      node, walked = node[part], walked + [part]
 
 
 def run():

@@ -19,6 +19,9 @@ import os
 from typing import Iterator, List, Tuple
 
 from metonymy import data as data_lib
+from metonymy.workdir import Workdir
+from metonymy.workdir import as_path
+from metonymy.workdir import is_local
 
 
 class InputError(ValueError):
@@ -47,7 +50,7 @@ def problems(config) -> List[str]:
   """Every missing input of `config`, one message each (empty: the run can start)."""
   found = []
   for key, path in _checkpoints(config):
-    if not os.path.exists(path):
+    if not as_path(path).exists():
       found.append(f"config.{key}={path!r} does not exist (convert a checkpoint with "
                    f"`python -m metonymy.checkpoints convert --input FILE --output DIR`, or "
                    f"set it to '' for a random-init backbone)")
@@ -57,6 +60,10 @@ def problems(config) -> List[str]:
     if not root:
       found.append(f"config.data.root is empty: set --config.data.root=DIR to the "
                    f"{data_config.dataset} folder")
+    elif not is_local(root):
+      found.append(f"config.data.root={root!r}: the dataset readers read a local folder (they "
+                   f"stat and seek their files); copy the dataset to the host's disk or mount "
+                   f"the bucket (gcsfuse) and pass that path")
     elif not os.path.exists(root):
       found.append(f"config.data.root={root!r} does not exist")
     else:
@@ -73,12 +80,13 @@ def problems(config) -> List[str]:
   if masks is not None and masks.get("source") in ("file", "stage1"):
     if not masks.get("path"):
       found.append(f"config.masks.path is empty: masks.source={masks.source!r} needs it")
-    elif masks.source == "stage1" and not os.path.isdir(masks.path):
-      found.append(f"config.masks.path={masks.path!r} is not a training workdir (no such folder)")
+    elif masks.source == "stage1" and not Workdir(masks.path).is_training_workdir():
+      found.append(f"config.masks.path={masks.path!r} is not a training workdir (it has no "
+                   f"{Workdir(masks.path).model_file.name})")
     elif masks.source == "file":
       for split in _splits(data_config) if data_config is not None else [""]:
         path = masks.path.replace("{split}", split)
-        if not os.path.isfile(path):
+        if not as_path(path).is_file():
           found.append(f"config.masks.path={masks.path!r}: {path} does not exist")
   return found
 

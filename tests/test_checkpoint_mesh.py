@@ -55,6 +55,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 from metonymy.training import trainer
 from metonymy.training import run_state, sharding
+from metonymy.workdir import checkpoints as workdir_checkpoints
 
 
 def mesh(data, fsdp):
@@ -158,12 +159,12 @@ for name, target_sh in targets.items():
 params_target = {k: jax.ShapeDtypeStruct(v.shape, v.dtype,
                                          sharding=targets["data1_fsdp8"].params[k])
                  for k, v in params.items()}
-restored, step = run_state.restore_params(workdir, params_target)
+restored, step = workdir_checkpoints.restore_params(workdir, params_target)
 assert step == 7
 for k, leaf in restored.items():
   check_leaf("restore_params 1x8", k, leaf, host.params[k], params_target[k].sharding)
 plain = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in params.items()}
-restored, _ = run_state.restore_params(workdir, plain)
+restored, _ = workdir_checkpoints.restore_params(workdir, plain)
 for k, leaf in restored.items():
   check_leaf("restore_params default", k, leaf, host.params[k],
              SingleDeviceSharding(jax.devices()[0]))

@@ -16,6 +16,7 @@ import pytest
 
 from metonymy.training import trainer
 from metonymy.training import run_state
+from metonymy.workdir import layout as workdir_layout
 from tests import compile_cache
 
 compile_cache.enable()
@@ -84,7 +85,7 @@ def test_a_non_finite_update_is_never_saved_and_a_saved_one_is_refused(tmp_path,
   out = capsys.readouterr().out
   assert "refused checkpoint step 5: it holds NaN/Inf values" in out, out
   assert "Resumed from step 4" in out, out
-  assert os.path.isdir(os.path.join(workdir, run_state.REFUSED_DIR, "5"))
+  assert os.path.isdir(os.path.join(workdir, workdir_layout.REFUSED_DIR, "5"))
   assert _steps(workdir) == [4, 5]
   assert all(_checkpoint_is_finite(workdir, s) for s in _steps(workdir))
 
@@ -126,7 +127,7 @@ def test_a_truncated_file_in_the_newest_checkpoint_falls_back_to_the_previous(tm
   assert os.path.join("checkpoints", "4", "params") in out, out  # Names the file.
   assert "Resumed from step 2" in out, out
   assert _steps(workdir) == [4, 6]
-  kept = os.path.join(workdir, run_state.REFUSED_DIR, "4", "params",
+  kept = os.path.join(workdir, workdir_layout.REFUSED_DIR, "4", "params",
                       os.path.relpath(broken, params))
   assert os.path.getsize(kept) == 100  # Left for inspection, untouched.
 

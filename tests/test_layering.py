@@ -86,6 +86,50 @@ def test_models_import_only_models():
   assert not {m: t for m, t in outside.items() if t}, outside
 
 
+# Layers below training/: what a trained model is read back with must not depend on how it was
+# trained. The workdir package sits under all of them (it imports nothing of metonymy's).
+BELOW_TRAINING = ("metonymy.loading", "metonymy.trained_part_model", "metonymy.models",
+                  "metonymy.data", "metonymy.checkpoints", "metonymy.workdir")
+
+
+def _in(module, prefixes):
+  return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def upward_imports(graph):
+  """{module: [training modules it imports]} for the modules of BELOW_TRAINING, plus
+  {workdir module: [non-workdir metonymy modules]}."""
+  found = {}
+  for module, targets in graph.items():
+    if _in(module, BELOW_TRAINING):
+      up = sorted(t for t in targets if _in(t, ("metonymy.training",)))
+      if _in(module, ("metonymy.workdir",)):
+        up = sorted(t for t in targets if not _in(t, ("metonymy.workdir",)))
+      if up:
+        found[module] = up
+  return found
+
+
+def test_nothing_below_training_imports_training():
+  assert upward_imports(import_graph()) == {}
+
+
+def test_the_upward_check_sees_a_planted_import(tmp_path):
+  package = tmp_path / "metonymy"
+  for folder in ("training", "data", "workdir"):
+    (package / folder).mkdir(parents=True)
+    (package / folder / "__init__.py").write_text("")
+  (package / "__init__.py").write_text("")
+  (package / "training" / "run_state.py").write_text("")
+  (package / "loading.py").write_text("def f():\n  from metonymy.training import run_state\n")
+  (package / "data" / "x.py").write_text("import metonymy.training.run_state\n")
+  (package / "workdir" / "layout.py").write_text("from metonymy import loading\n")
+  assert upward_imports(import_graph(str(package))) == {
+      "metonymy.data.x": ["metonymy.training.run_state"],
+      "metonymy.loading": ["metonymy.training.run_state"],
+      "metonymy.workdir.layout": ["metonymy.loading"]}
+
+
 def test_the_checks_see_a_planted_cycle_and_a_function_level_import(tmp_path):
   # The check must find arrows hidden in functions, or it passes on the cycle it exists for.
   package = tmp_path / "pkg"

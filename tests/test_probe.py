@@ -129,7 +129,7 @@ def test_file_masks_layouts_and_errors(tmp_path):
 
 
 def test_stage1_mask_source_adapts_part_masks(monkeypatch):
-  """The adapter around stage1.PartMasks (a stub from loading.load_part_masks here: training one
+  """The adapter around trained_part_model.TrainedPartModel (a stub from loading.load_trained_part_model here: training one
   is the Stage-1 tests' job)."""
   seen = {}
 
@@ -142,11 +142,11 @@ def test_stage1_mask_source_adapts_part_masks(monkeypatch):
       b, h, w = images.shape[:3]
       return np.full((b, h, w), 2, np.int32), np.zeros((b, h, w), np.int32)
 
-  def load_part_masks(workdir):
+  def load_trained_part_model(workdir):
     seen["workdir"] = workdir
     return FakePartMasks()
 
-  monkeypatch.setattr(loading, "load_part_masks", load_part_masks)
+  monkeypatch.setattr(loading, "load_trained_part_model", load_trained_part_model)
   cfg = config_lib.part_masks("stage1", path="workdirs/cub_single")
   source = masks_lib.make_source(cfg, "test", 1, None, (0.5,) * 3, (0.25,) * 3)
   maps = source({"image": np.zeros((3, 8, 8, 3), np.float32)})

@@ -61,7 +61,7 @@ def _losses(workdir):
 
 
 def _params(workdir, step=None):
-  return loading.load_part_masks(workdir, step).params
+  return loading.load_trained_part_model(workdir, step).params
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +141,7 @@ def test_short_run_logs_part_shares_and_writes_the_report(reference):
 
 def test_part_masks_from_a_trained_workdir(reference):
   workdir, _ = reference
-  masks = loading.load_part_masks(workdir)
+  masks = loading.load_trained_part_model(workdir)
   assert masks.meta["step"] == STEPS and masks.num_parts == 5 and masks.image_size == 32
   images = jax.random.normal(jax.random.PRNGKey(0), (2, 32, 32, 3))
   maps = masks.maps(images)
@@ -164,9 +164,9 @@ def test_part_masks_from_a_trained_workdir(reference):
   pixel_maps = masks.pixel_maps(images)
   assert pixel_maps.shape == (2, 6, 32, 32)
   np.testing.assert_allclose(pixel_maps.sum(1), 1.0, rtol=1e-5)
-  assert loading.load_part_masks(workdir, step=20).meta["step"] == 20
+  assert loading.load_trained_part_model(workdir, step=20).meta["step"] == 20
   with pytest.raises(FileNotFoundError, match="steps saved"):
-    loading.load_part_masks(workdir, step=5)
+    loading.load_trained_part_model(workdir, step=5)
 
 
 def test_resume_after_a_kill_is_bit_exact(reference, tmp_path, monkeypatch):

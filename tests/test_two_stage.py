@@ -296,7 +296,7 @@ def test_benchmark_backbone_from_a_two_stage_workdir_gives_stage2_features(tmp_p
   config.trainer.num_steps = 2
   workdir = str(tmp_path / "run")
   trainer.run(config, workdir)
-  masks = loading.load_part_masks(workdir)
+  masks = loading.load_trained_part_model(workdir)
   model, params, _ = loading.build_backbone(
       config_lib.backbone(checkpoint=workdir, image_size=config.data.image_size))
   size = config.data.image_size

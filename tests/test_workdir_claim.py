@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from metonymy import workdir_claim
+from metonymy.workdir import claim as workdir_claim
 from tests import compile_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

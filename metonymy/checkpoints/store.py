@@ -4,7 +4,6 @@ arch.json holds `vit_config` (a vit.ViTConfig) or `sam_encoder_config` (SAM's im
 """
 
 import json
-import os
 
 import jax
 import numpy as np
@@ -13,6 +12,7 @@ import orbax.checkpoint as ocp
 from metonymy.checkpoints.io import CheckpointError
 from metonymy.models import sam_encoder
 from metonymy.models import vit
+from metonymy.workdir.layout import as_path, write_text
 
 ARCH_FILE = "arch.json"
 PARAMS_DIR = "params"
@@ -36,25 +36,28 @@ def architecture(config):
   return _ARCHITECTURES[_arch_key(config)][1:]
 
 
-def is_converted(path: str) -> bool:
-  return os.path.isdir(path) and os.path.exists(os.path.join(path, ARCH_FILE))
+def is_converted(path) -> bool:
+  """Whether `path` (local or gs://) is a converted folder."""
+  return (as_path(path) / ARCH_FILE).exists()
 
 
-def save_converted(directory: str, config, params, source: str = "") -> None:
-  directory = os.path.abspath(directory)
-  os.makedirs(directory, exist_ok=True)
-  params_dir = os.path.join(directory, PARAMS_DIR)
+def save_converted(directory, config, params, source: str = "") -> None:
+  """A converted folder (local or gs://): the parameters (Orbax) and the architecture."""
+  directory = as_path(directory)
+  directory.mkdir(parents=True, exist_ok=True)
   checkpointer = ocp.StandardCheckpointer()
-  checkpointer.save(params_dir, jax.tree_util.tree_map(np.asarray, params), force=True)
+  checkpointer.save(directory / PARAMS_DIR, jax.tree_util.tree_map(np.asarray, params),
+                    force=True)
   checkpointer.wait_until_finished()
-  with open(os.path.join(directory, ARCH_FILE), "w") as f:
-    json.dump({_arch_key(config): config.to_dict(), "source": source}, f, indent=2, sort_keys=True)
+  write_text(directory / ARCH_FILE, json.dumps({_arch_key(config): config.to_dict(),
+                                                "source": source}, indent=2, sort_keys=True))
 
 
-def load_converted(directory: str):
-  """(config, params) of a converted folder, checked against the architecture's shapes."""
-  with open(os.path.join(directory, ARCH_FILE)) as f:
-    arch = json.load(f)
+def load_converted(directory):
+  """(config, params) of a converted folder (local or gs://), checked against the
+  architecture's shapes."""
+  directory = as_path(directory)
+  arch = json.loads((directory / ARCH_FILE).read_text())
   key = next((k for k in _ARCHITECTURES if k in arch), None)
   if key is None:
     raise CheckpointError(f"{directory}/{ARCH_FILE}: no {' or '.join(map(repr, _ARCHITECTURES))} "
@@ -62,8 +65,8 @@ def load_converted(directory: str):
   config_class, _, shapes = _ARCHITECTURES[key]
   config = config_class.from_dict(arch[key])
   target = jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), shapes(config))
-  params_dir = os.path.join(os.path.abspath(directory), PARAMS_DIR)
-  if not os.path.isdir(params_dir):
+  params_dir = directory / PARAMS_DIR
+  if not params_dir.is_dir():
     raise CheckpointError(f"{directory}: missing the {PARAMS_DIR}/ folder of a converted checkpoint.")
   try:
     params = ocp.StandardCheckpointer().restore(params_dir, target)

@@ -3,7 +3,7 @@ where a run of several minutes is, and each step's seconds for the report's timi
 
 import time
 from typing import Dict
-from metonymy.training import writers
+from metonymy import console
 
 
 class Steps:
@@ -18,13 +18,13 @@ class Steps:
     self._close()
     self.index += 1
     self._name, self._began = name, time.perf_counter()
-    writers.console(f"\n[demo] ({self.index}/{self.total}) {what}  "
+    console.console(f"\n[demo] ({self.index}/{self.total}) {what}  "
                     f"[{self.elapsed():.0f} s elapsed]")
 
   def _close(self) -> None:
     if self._name is not None:
       self.seconds[self._name] = time.perf_counter() - self._began
-      writers.console(f"[demo] {self._name} done in {self.seconds[self._name]:.0f} s")
+      console.console(f"[demo] {self._name} done in {self.seconds[self._name]:.0f} s")
       self._name = None
 
   def finish(self) -> Dict[str, float]:

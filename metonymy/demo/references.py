@@ -14,6 +14,7 @@ from metonymy.checkpoints import store
 from metonymy.demo import subjobs
 from metonymy.probe import masks
 from metonymy.training import losses
+from metonymy.workdir import Workdir
 
 # The part-shaping priors that depend on the maps alone: objective.loss_fn's term name -> the
 # function in metonymy/training/losses.py.
@@ -63,7 +64,7 @@ def prior_costs(config, backbone: str, workdir: str, world) -> Optional[Dict[str
   costs = {"truth": priors_of_the_truth(subjobs.with_world(config.single, world).data,
                                         patch_size)}
   for key, directory in subjobs.TRAIN_DIRS.items():
-    trained = subjobs.last_train_losses(os.path.join(workdir, directory))
+    trained = subjobs.last_train_losses(Workdir(workdir).sub(directory))
     costs["single" if key == "single" else "two_stage_ste"] = {
         name: trained.get(name) for name in MAP_PRIORS}
   return costs

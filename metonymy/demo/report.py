@@ -9,11 +9,13 @@ from typing import Dict, List
 from metonymy.demo import subjobs
 from metonymy.demo import text
 from metonymy.probe import report as probe_report
+from metonymy.workdir import Workdir
 
 
 def write_story(workdir: str, config, results: Dict) -> List[str]:
   """DIR/results.json and DIR/report.md; returns their paths."""
-  path_json = os.path.join(workdir, "results.json")
+  files = Workdir(workdir)
+  path_json = os.fspath(files.results_file)
   with open(path_json, "w") as f:
     json.dump(probe_report.sanitize(results), f, indent=2, allow_nan=False)
   b = results["benchmark"]
@@ -52,7 +54,7 @@ def write_story(workdir: str, config, results: Dict) -> List[str]:
             probe_report.markdown_table(["step", "seconds"],
                        [[k, f"{v:.0f}"] for k, v in results["seconds"].items()]),
             ""]
-  path_md = os.path.join(workdir, "report.md")
+  path_md = os.fspath(files.report_file)
   with open(path_md, "w") as f:
     f.write("\n".join(lines) + "\n")
   return [path_json, path_md]
@@ -61,7 +63,7 @@ def write_story(workdir: str, config, results: Dict) -> List[str]:
 def _figures(workdir: str) -> List[str]:
   """Markdown image lines for the PNGs the sub-jobs wrote (paths relative to workdir)."""
   lines = []
-  bench = os.path.join(workdir, subjobs.BENCHMARK_DIR)
+  bench = os.fspath(Workdir(workdir).sub(subjobs.BENCHMARK_DIR).path)
   for pattern, caption in (("table1.png", "PS and causal leakage"),
                            ("map_matrices_*.png",
                             "attribute mAP per part (rows) and group, late vs early"),
@@ -70,9 +72,10 @@ def _figures(workdir: str) -> List[str]:
     for path in sorted(glob.glob(os.path.join(bench, pattern))):
       lines += [f"![{caption}]({os.path.relpath(path, workdir)})", ""]
   for key, sub in subjobs.TRAIN_DIRS.items():
-    found = sorted(glob.glob(os.path.join(workdir, sub, "images", "eval_part_maps_*.png")))
+    images = Workdir(workdir).sub(sub).images
+    found = sorted(glob.glob(os.path.join(images, "eval_part_maps_*.png")))
     if found:
-      lines += [f"Discovered part maps, {key.replace('_', '-')} (top: images; bottom: argmax "
-                "part, background uncoloured):", "",
+      lines += [f"Discovered part maps, {key.replace('_', '-')} (rows: the images, the argmax "
+                "discovered part with its legend, the ground-truth keypoints):", "",
                 f"![{key} part maps]({os.path.relpath(found[-1], workdir)})", ""]
   return lines

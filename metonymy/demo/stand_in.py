@@ -9,6 +9,7 @@ import json
 import os
 from typing import Dict, Optional, Tuple
 
+from metonymy import console
 from metonymy import loading
 from metonymy.checkpoints import store
 from metonymy.demo import subjobs
@@ -17,10 +18,11 @@ from metonymy.models import vit
 from metonymy.probe import benchmark
 from metonymy.probe import job as probe_job
 from metonymy.probe import pretrain
-from metonymy.training import writers
+from metonymy.workdir import Workdir
+from metonymy.workdir import layout
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
-BACKBONE_DIR = "backbone"  # DIR/backbone: a converted backbone folder
+BACKBONE_DIR = layout.BACKBONE_DIR  # DIR/backbone: a converted backbone folder
 STAND_IN_FILE = "stand_in"  # DIR/backbone/stand_in.{npz,json}: the heads and the record
 
 
@@ -55,7 +57,7 @@ def pretrain_stand_in(config, world):
   pre = config.backbone_pretraining
   data_cfg = subjobs.with_world(config.benchmark, world).data
   source, _, _ = benchmark.open_split(data_cfg, data_cfg.train, 0)
-  writers.console(f"[demo] pretraining a ViT (patch {vit_config.patch_size}, width "
+  console.console(f"[demo] pretraining a ViT (patch {vit_config.patch_size}, width "
                   f"{vit_config.width}, depth {vit_config.depth}) at {vit_config.image_size} px "
                   f"for {int(pre.steps)} steps on {min(int(pre.images), len(source))} training "
                   "images")
@@ -97,13 +99,13 @@ def pretrained_backbone(config, workdir: str, world) -> Tuple[str, Optional[Dict
   if given:
     if not os.path.exists(given):
       raise FileNotFoundError(f"config.benchmark.backbone.checkpoint={given!r} does not exist.")
-    writers.console(f"[demo] using the given backbone {given}; no pretraining")
+    console.console(f"[demo] using the given backbone {given}; no pretraining")
     return given, None
-  path = os.path.join(workdir, BACKBONE_DIR)
+  path = os.fspath(Workdir(workdir).backbone)
   prefix = os.path.join(path, STAND_IN_FILE)
   recipe = stand_in_recipe(config, world)
   if store.is_converted(path) and os.path.exists(prefix + ".json"):
-    writers.console(f"[demo] reusing the backbone pretrained earlier in {path}")
+    console.console(f"[demo] reusing the backbone pretrained earlier in {path}")
     vit_config, params, heads, record = pretrain.load_stand_in(prefix)
   else:
     shipped = shipped_stand_in(world.seed)
@@ -111,11 +113,11 @@ def pretrained_backbone(config, workdir: str, world) -> Tuple[str, Optional[Dict
     if config.backbone_pretraining.get("shipped") and os.path.exists(shipped + ".json"):
       if pretrain.read_stand_in_record(shipped).get("recipe") == recipe:
         vit_config, params, heads, record = pretrain.load_stand_in(shipped)
-        writers.console(f"[demo] using the stand-in shipped in {shipped}.npz (made by this recipe: "
+        console.console(f"[demo] using the stand-in shipped in {shipped}.npz (made by this recipe: "
                         f"{record['command']})")
         record = dict(record, source=os.path.relpath(shipped, ASSETS))
       else:
-        writers.console(f"[demo] the shipped stand-in {shipped} was made by another recipe; "
+        console.console(f"[demo] the shipped stand-in {shipped} was made by another recipe; "
                         "pretraining one here")
     if record is None:
       vit_config, trained, record = pretrain_stand_in(config, world)
@@ -127,10 +129,10 @@ def pretrained_backbone(config, workdir: str, world) -> Tuple[str, Optional[Dict
     trained = pretrain.Pretrained(params, heads, record.pop("loss_history", []),
                                   record.pop("seconds", 0.0))
     pretrain.save_stand_in(prefix, vit_config, trained, record)
-    writers.console(f"[demo] saved the backbone to {path} (a converted folder: "
+    console.console(f"[demo] saved the backbone to {path} (a converted folder: "
                     f"--config.backbone.checkpoint={path} works in every config)")
   quality = record.get("quality_val") or {}
-  writers.console(f"[demo] the stand-in's own attribute mAP on val: CLS head "
+  console.console(f"[demo] the stand-in's own attribute mAP on val: CLS head "
                   f"{text.fmt(quality.get('cls/mAP'))}, part read-out "
                   f"{text.fmt(quality.get('parts/mAP'))} (constant predictor "
                   f"{text.fmt(quality.get('chance/mAP'))})")
@@ -147,5 +149,5 @@ def run_stand_in(config, workdir: str) -> Dict:
                                            trained.heads)
   prefix = config.stand_in_output.format(seed=int(world.seed))
   written = pretrain.save_stand_in(prefix, vit_config, trained, record)
-  writers.console(f"[demo] wrote {', '.join(written)}; quality on val {record['quality_val']}")
+  console.console(f"[demo] wrote {', '.join(written)}; quality on val {record['quality_val']}")
   return record

@@ -19,6 +19,7 @@ from typing import Dict, Optional
 
 import jax
 
+from metonymy import console
 from metonymy.demo import progress
 from metonymy.demo import readme
 from metonymy.demo import references
@@ -26,14 +27,14 @@ from metonymy.demo import report
 from metonymy.demo import stand_in
 from metonymy.demo import subjobs
 from metonymy.demo import text
-from metonymy.training import writers
+from metonymy.workdir import Workdir
 
 
 def run_story(config, workdir: str) -> Dict:
   steps = progress.Steps(4)
   world = config.world
   os.makedirs(workdir, exist_ok=True)
-  writers.console(f"[demo] the synthetic parts world at {world.image_size} px, cross-part "
+  console.console(f"[demo] the synthetic parts world at {world.image_size} px, cross-part "
                   f"correlation {world.correlation:g}, splits {dict(world.splits)}; outputs in "
                   f"{workdir}")
 
@@ -41,17 +42,17 @@ def run_story(config, workdir: str) -> Dict:
   backbone, stand_in_record = stand_in.pretrained_backbone(config, workdir, world)
 
   steps.begin("benchmark", "leakage benchmark: ground-truth part masks, late vs early masking")
-  bench = subjobs.run_benchmark(config, backbone, os.path.join(workdir, subjobs.BENCHMARK_DIR),
+  bench = subjobs.run_benchmark(config, backbone, Workdir(workdir).sub(subjobs.BENCHMARK_DIR).path,
                                 world)
 
   steps.begin("part_discovery", "part discovery: single-stage, then two-stage STE")
   trained = {}
   for key, sub in (("single", config.single), ("two_stage", config.two_stage)):
-    writers.console(f"[demo] training {key} ({sub.model.name}"
+    console.console(f"[demo] training {key} ({sub.model.name}"
                     f"{', ' + sub.model.stage2.mask if 'stage2' in sub.model else ''}) for "
                     f"{sub.trainer.num_steps} steps at batch {sub.data.batch_size}")
     trained[key] = subjobs.run_training(sub, backbone,
-                                        os.path.join(workdir, subjobs.TRAIN_DIRS[key]), world,
+                                        Workdir(workdir).sub(subjobs.TRAIN_DIRS[key]).path, world,
                                         config.seed)
 
   steps.begin("report", "writing report.md and results.json")
@@ -68,10 +69,10 @@ def run_story(config, workdir: str) -> Dict:
       readme.write_results(config.readme, results)
     readme.write_seed_row(config.readme, results)
     written.append(config.readme)
-  writers.console(f"[demo] done in {seconds['total']:.0f} s; wrote " + ", ".join(written))
-  writers.console(text.summary_line(results))
+  console.console(f"[demo] done in {seconds['total']:.0f} s; wrote " + ", ".join(written))
+  console.console(text.summary_line(results))
   for line in text.collapse_warnings(results):
-    writers.console(f"[demo] WARNING: {line}")
+    console.console(f"[demo] WARNING: {line}")
   return results
 
 

@@ -3,7 +3,6 @@ discovery), each given the demo's world as its dataset options, and the readers 
 job logs. The sub-jobs are the real ones, run on sub-configs, so the demo measures exactly what
 `python -m metonymy.main` would."""
 
-import json
 import os
 from typing import Dict, List
 
@@ -11,6 +10,7 @@ import ml_collections
 
 from metonymy import probe
 from metonymy.training import trainer
+from metonymy.workdir import Workdir
 
 # Where each sub-job writes, under the demo's workdir.
 BENCHMARK_DIR = "benchmark"
@@ -33,8 +33,7 @@ def run_benchmark(config, backbone: str, workdir: str, world, title: str = "") -
   sub.backbone_pretraining.steps = 0  # the probe job pretrains random-init backbones only
   if title:
     sub.report.title = title
-  os.makedirs(workdir, exist_ok=True)
-  _write_config(sub, workdir)
+  Workdir(workdir).make().write_config(sub)
   return probe.run(sub, workdir)
 
 
@@ -47,35 +46,24 @@ def run_training(sub, backbone: str, workdir: str, world, seed: int) -> Dict[str
   sub = with_world(sub, world)
   sub.seed = int(seed)
   sub.backbone.checkpoint = os.path.abspath(backbone)
-  os.makedirs(workdir, exist_ok=True)
-  _write_config(sub, workdir)
+  Workdir(workdir).make().write_config(sub)
   trainer.run(sub, workdir)
   changes = records(workdir, "train/relative_change/")
   moved = {f"relative_change/{k}": v for k, v in changes[max(changes)].items()} if changes else {}
   return dict(last_eval(workdir), **moved)
 
 
-def records(workdir: str, prefix: str) -> Dict[int, Dict[str, float]]:
-  """{step: {name: value}}: the entries of a train workdir's metrics.jsonl whose names start with
-  `prefix` (dropped), by step in order; non-finite values (stored as strings) -> NaN."""
-  path = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"{path} not found: the training run in {workdir} wrote no metrics.")
-  out: Dict[int, Dict[str, float]] = {}
-  with open(path) as f:
-    for line in f:
-      record = json.loads(line)
-      values = {k[len(prefix):]: _float(v) for k, v in record.items() if k.startswith(prefix)}
-      if values:
-        out.setdefault(int(record["step"]), {}).update(values)
-  return out
+def records(workdir, prefix: str) -> Dict[int, Dict[str, float]]:
+  """{step: {name: value}}: a train workdir's metrics whose names start with `prefix` (dropped),
+  by step in order (workdir.Workdir.metric_records)."""
+  return Workdir(workdir).metric_records(prefix)
 
 
 def evaluations(workdir: str) -> List[Dict[str, float]]:
   """Every evaluation of a train workdir in step order: {"<head>/mAP": ..., "step": s}."""
   found = records(workdir, "eval/")
   if not found:
-    raise ValueError(f"{os.path.join(workdir, 'metrics.jsonl')} holds no evaluation: the run in "
+    raise ValueError(f"{Workdir(workdir).metrics_file} holds no evaluation: the run in "
                      f"{workdir} never evaluated.")
   return [dict(values, step=step) for step, values in found.items()]
 
@@ -91,15 +79,3 @@ def last_train_losses(workdir: str) -> Dict[str, float]:
   of a train workdir's metrics.jsonl."""
   found = records(workdir, "loss/")
   return found[max(found)] if found else {}
-
-
-def _float(value) -> float:
-  try:
-    return float(value)
-  except (TypeError, ValueError):
-    return float("nan")
-
-
-def _write_config(sub, workdir: str) -> None:
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(sub.to_json_best_effort(indent=2))

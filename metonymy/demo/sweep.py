@@ -13,13 +13,14 @@ from typing import Dict, List
 
 import ml_collections
 
+from metonymy import console
 from metonymy.demo import plots
 from metonymy.demo import progress
 from metonymy.demo import stand_in
 from metonymy.demo import subjobs
 from metonymy.demo import text
 from metonymy.probe import report as probe_report
-from metonymy.training import writers
+from metonymy.workdir import Workdir
 
 SWEEP_PNG = "ps_vs_correlation.png"
 
@@ -39,7 +40,7 @@ def run_sweep(config, workdir: str) -> Dict:
     world = ml_collections.ConfigDict(config.world.to_dict())
     world.correlation = c
     # One workdir (and feature cache) per world: the cache key does not hold the correlation.
-    sub_dir = os.path.join(workdir, f"correlation_{c:g}")
+    sub_dir = os.fspath(Workdir(workdir).sub(f"correlation_{c:g}").path)
     title = f"synthetic parts world, correlation {c:g}, the demo's tiny ViT"
     r = subjobs.run_benchmark(config, backbone, sub_dir, world, title=title)
     points.append({"correlation": c, "workdir": os.path.relpath(sub_dir, workdir),
@@ -51,15 +52,16 @@ def run_sweep(config, workdir: str) -> Dict:
              "world": config.world.to_dict(), "points": points, "seconds": seconds,
              "date": datetime.datetime.now().isoformat(timespec="seconds")}
   written = write_sweep(workdir, results)
-  writers.console(f"[demo] sweep done in {seconds['total']:.0f} s; wrote " + ", ".join(written))
+  console.console(f"[demo] sweep done in {seconds['total']:.0f} s; wrote " + ", ".join(written))
   return results
 
 
 def write_sweep(workdir: str, results: Dict) -> List[str]:
   """The plot, DIR/results.json and DIR/report.md; returns their paths."""
-  png = os.path.join(workdir, SWEEP_PNG)
+  files = Workdir(workdir)
+  png = os.fspath(files.output(SWEEP_PNG))
   plots.plot_sweep(png, results["points"])
-  path_json = os.path.join(workdir, "results.json")
+  path_json = os.fspath(files.results_file)
   with open(path_json, "w") as f:
     json.dump(probe_report.sanitize(results), f, indent=2, allow_nan=False)
   rows = [[f"{p['correlation']:g}", text.with_ci(p, "ps_late"), text.with_ci(p, "ps_early"),
@@ -77,7 +79,7 @@ def write_sweep(workdir: str, results: Dict) -> List[str]:
                        "causal leakage late", "causal leakage early", ""], rows), "",
            f"![PS against correlation]({SWEEP_PNG})", "",
            f"Wall time {results['seconds']['total']:.0f} s.", ""]
-  path_md = os.path.join(workdir, "report.md")
+  path_md = os.fspath(files.report_file)
   with open(path_md, "w") as f:
     f.write("\n".join(lines))
   return [png, path_json, path_md]

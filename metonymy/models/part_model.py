@@ -1,5 +1,5 @@
 """The contract every part-discovery model keeps (Stage 1, two-stage); the trainer, the
-objective and `loading.load_part_masks` are typed against it, not against a class."""
+objective and `loading.load_trained_part_model` are typed against it, not against a class."""
 
 from typing import Any, Dict, Optional, Protocol, runtime_checkable
 

@@ -17,11 +17,13 @@ from typing import Dict, List, Tuple
 
 from absl import logging
 
+from metonymy import console
 from metonymy import loading
 from metonymy.probe import benchmark
 from metonymy.probe import pretrain
 from metonymy.probe import report
 from metonymy.training import writers
+from metonymy.workdir import Workdir
 
 
 def backbone_entries(config) -> List[Tuple[str, object]]:
@@ -40,7 +42,7 @@ def _default_name(backbone_cfg) -> str:
 
 def run(config, workdir: str) -> Dict:
   start = time.perf_counter()
-  cache_root = config.features.cache_dir or os.path.join(workdir, "cache")
+  cache_root = config.features.cache_dir or os.fspath(Workdir(workdir).feature_cache)
   suite = "backbones" in config
   per_backbone, visuals, arch, skipped = {}, {}, {}, {}
   for name, backbone_cfg in backbone_entries(config):
@@ -66,7 +68,7 @@ def run(config, workdir: str) -> Dict:
       else:
         model, params, vit_config = loading.build_backbone(backbone_cfg, seed)
         params = _maybe_pretrain(config, model, params, vit_config, int(seed))
-      writers.console(f"[probe] {name} seed {seed}: {vit_config.depth} blocks, width "
+      console.console(f"[probe] {name} seed {seed}: {vit_config.depth} blocks, width "
                       f"{vit_config.width}, patch {vit_config.patch_size}, {config.data.dataset} "
                       f"at {config.data.image_size or vit_config.image_size} px")
       results, vis = benchmark.evaluate(name, model, params, vit_config,
@@ -76,7 +78,7 @@ def run(config, workdir: str) -> Dict:
       visuals.setdefault(name, vis["leakage_examples"])
       arch[name] = {"width": vit_config.width, "patch_size": vit_config.patch_size,
                     "depth": vit_config.depth}
-      writers.console(f"[probe] {name} seed {seed}: PS late {_f(results.get('ps_late'))}, early "
+      console.console(f"[probe] {name} seed {seed}: PS late {_f(results.get('ps_late'))}, early "
                       f"{_f(results.get('ps_early'))}; causal leakage late "
                       f"{_f(results.get('causal_leakage_late'), 4)}, early "
                       f"{_f(results.get('causal_leakage_early'), 4)}")
@@ -87,7 +89,7 @@ def run(config, workdir: str) -> Dict:
   results["seconds"] = time.perf_counter() - start
   written = report.write(workdir, config, results, visuals, arch)
   _write_tensorboard(workdir, config, results, written)
-  writers.console(f"[probe] wrote {len(written)} files to {workdir} in "
+  console.console(f"[probe] wrote {len(written)} files to {workdir} in "
                   f"{results['seconds']:.0f} s: {', '.join(os.path.basename(p) for p in written)}")
   return results
 
@@ -143,7 +145,7 @@ def _maybe_pretrain(config, model, params, vit_config, seed: int):
     return params
   pre = config.backbone_pretraining
   source, _, _ = benchmark.open_split(config.data, config.data.train, 0)
-  writers.console(f"[probe] pretraining the random-init backbone for {steps} steps on "
+  console.console(f"[probe] pretraining the random-init backbone for {steps} steps on "
                   f"{config.data.dataset}/{config.data.train}")
   transforms = benchmark.eval_transforms(vit_config, config.data)
   return pretrain.pretrain(model, params, source, transforms, seed=seed,

@@ -47,6 +47,7 @@ from typing import Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 
 from metonymy.evaluation import part_names as part_names_lib
+from metonymy.workdir import as_path
 
 PATCH_RULES = ("plurality", "foreground")
 SOURCES = ("ground_truth", "file", "stage1")
@@ -325,7 +326,7 @@ class FileMasks:
 class Stage1Masks:
   """Masks predicted by a trained Stage-1 part-discovery model , from its workdir.
 
-  Uses `metonymy.loading.load_part_masks(path).pixel_labels(images, mean, std)`:
+  Uses `metonymy.loading.load_trained_part_model(path).pixel_labels(images, mean, std)`:
   the argmax over the K + 1 maps (background last) and over the K foreground maps, at the
   benchmark's image resolution, for images normalized with the benchmark backbone's statistics.
   Evaluation mode (no Gumbel noise), so masks are a deterministic function of the image.
@@ -336,13 +337,13 @@ class Stage1Masks:
     if not workdir:
       raise ValueError("masks.source='stage1' needs masks.path = a Stage-1 training workdir")
     self.path = workdir
-    self.model = loading.load_part_masks(workdir)
+    self.model = loading.load_trained_part_model(workdir)
     self.num_parts = int(self.model.num_parts)
     self.part_names = tuple(part_names) or tuple(part_names_lib.discovered_names(self.num_parts))
     self.image_mean, self.image_std = tuple(image_mean), tuple(image_std)
 
   def spec(self) -> Dict:
-    return {"source": "stage1", "path": os.path.abspath(self.path),
+    return {"source": "stage1", "path": os.fspath(as_path(self.path)),
             "step": int(self.model.meta.get("step") or 0), "num_parts": self.num_parts}
 
   def __call__(self, batch: Mapping[str, np.ndarray]) -> PartMaps:

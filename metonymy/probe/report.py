@@ -19,6 +19,7 @@ import numpy as np
 from metonymy.evaluation import bootstrap as bootstrap_lib
 from metonymy.evaluation import part_names as part_names_lib
 from metonymy.probe import plots
+from metonymy.workdir import Workdir
 
 # Per-seed keys that are numbers (or nested lists of numbers) and are averaged over seeds.
 _NON_METRIC = {"backbone", "seed", "dataset", "num_parts", "part_names", "groups", "num_examples",
@@ -141,7 +142,8 @@ def write(workdir: str, config, results: Dict, visuals: Mapping[str, Dict],
           arch: Mapping[str, Dict]) -> List[str]:
   """Writes results.json, report.md and the PNGs; returns the files written."""
   written = []
-  path = os.path.join(workdir, "results.json")
+  files = Workdir(workdir)
+  path = os.fspath(files.results_file)
   with open(path, "w") as f:
     json.dump(sanitize(results), f, indent=2, allow_nan=False)
   written.append(path)
@@ -175,7 +177,7 @@ def write(workdir: str, config, results: Dict, visuals: Mapping[str, Dict],
     rows.append(row)
   lines += ["## Part specificity and causal leakage (Table 1 layout)", "",
             markdown_table(header, rows), ""]
-  table1 = os.path.join(workdir, "table1.png")
+  table1 = os.fspath(files.output("table1.png"))
   plots.table_figure(table1, header, rows, f"PS and causal leakage on {dataset}")
   lines += ["![table 1](table1.png)", ""]
   written.append(table1)
@@ -205,7 +207,7 @@ def write(workdir: str, config, results: Dict, visuals: Mapping[str, Dict],
     note = (" (mean MPPO_a over each group's attributes)" if by_group else "")
     lines += [f"## Most predictive part overlap (Table 2 layout){note}", "",
               markdown_table(header2, rows2), ""]
-    table2 = os.path.join(workdir, "table2.png")
+    table2 = os.fspath(files.output("table2.png"))
     plots.table_figure(table2, header2, rows2, f"MPPO on {dataset}")
     lines += ["![table 2](table2.png)", ""]
     written.append(table2)
@@ -255,29 +257,29 @@ def write(workdir: str, config, results: Dict, visuals: Mapping[str, Dict],
         lines += [f"mAP matrix, {m} masking (rows: parts, columns: groups):", "",
                   _matrix_md(b["mean"][f"map_matrix_{m}"], labels, groups), ""]
     if b["mean"].get("contingency") is not None:
-      png = os.path.join(workdir, f"contingency_{slug}.png")
+      png = os.fspath(files.output(f"contingency_{slug}.png"))
       plots.contingency_heatmap(png, b["mean"]["contingency"], labels,
                                 seed0["keypoint_groups"], _kp_assignment(seed0), seed0["tau"])
       lines += [f"![contingency]({os.path.basename(png)})", ""]
       written.append(png)
     matrices = {m: b["mean"][f"map_matrix_{m}"] for m in seed0["maskings"]
                 if f"map_matrix_{m}" in b["mean"]}
-    png = os.path.join(workdir, f"map_matrices_{slug}.png")
+    png = os.fspath(files.output(f"map_matrices_{slug}.png"))
     plots.map_matrices(png, matrices, labels, groups, seed0["assignment"],
                        f"{name}: attribute mAP per part and group")
     written.append(png)
-    png2 = os.path.join(workdir, f"ps_scatter_{slug}.png")
+    png2 = os.fspath(files.output(f"ps_scatter_{slug}.png"))
     plots.ps_scatter(png2, matrices, seed0["assignment"], groups, f"{name} (Fig. S6 layout)")
     written.append(png2)
     lines += [f"![mAP matrices]({os.path.basename(png)})", "",
               f"![PS scatter]({os.path.basename(png2)})", ""]
     vis = visuals.get(name, {})
-    png3 = os.path.join(workdir, f"overlays_{slug}.png")
+    png3 = os.fspath(files.output(f"overlays_{slug}.png"))
     if plots.part_overlays(png3, vis, seed0["num_parts"], arch.get(name, {}).get("patch_size", 1),
                            labels, f"{name}: test images, part maps, patch grid"):
       lines += [f"![overlays]({os.path.basename(png3)})", ""]
       written.append(png3)
-  report = os.path.join(workdir, "report.md")
+  report = os.fspath(files.report_file)
   with open(report, "w", encoding="utf-8") as f:
     f.write("\n".join(lines) + "\n")
   written.append(report)

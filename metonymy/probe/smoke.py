@@ -8,9 +8,10 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
+from metonymy import console
 from metonymy import distributed
 from metonymy import loading
-from metonymy.training import writers
+from metonymy.workdir import Workdir
 
 
 def run(config, workdir: str):
@@ -44,9 +45,9 @@ def run(config, workdir: str):
   result = {"backbone": vit_config.to_dict(), "image_size": size, "seconds": timings,
             "part0_max_abs_change_under_outside_noise": leakage}
   if distributed.is_main_process():
-    with open(os.path.join(workdir, "smoke.json"), "w") as f:
+    with open(Workdir(workdir).output("smoke.json"), "w") as f:
       json.dump(result, f, indent=2)
-  writers.console(f"plain {timings['plain']:.3f}s, early {timings['early']:.3f}s; "
+  console.console(f"plain {timings['plain']:.3f}s, early {timings['early']:.3f}s; "
                   f"part-0 change under noise outside part 0: {leakage} (must be 0.0)")
   if leakage != 0.0:
     raise RuntimeError(f"Early masking leaked: part 0 changed by {leakage}.")

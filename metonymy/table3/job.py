@@ -8,13 +8,13 @@ import platform
 import time
 from typing import Dict
 
+from metonymy import console
 from metonymy.demo import references
 from metonymy.demo import stand_in
 from metonymy.demo import subjobs
 from metonymy.table3 import report
 from metonymy.table3 import runs
 from metonymy.table3 import stats
-from metonymy.training import writers
 
 
 def run(config, workdir: str) -> Dict:
@@ -30,13 +30,13 @@ def run(config, workdir: str) -> Dict:
     for variant in config.variants:
       done = len(rows)
       eta = ((time.perf_counter() - start) / done * (total - done)) if done else None
-      writers.console(f"[table3] ({done + 1}/{total}) {variant}, run seed {seed}, world seed "
+      console.console(f"[table3] ({done + 1}/{total}) {variant}, run seed {seed}, world seed "
                       f"{int(world.seed)}" + (f"; ETA {eta / 60:.0f} min" if eta else ""))
       train_dir = runs.train(config, variant, seed, backbone, workdir)
       probe = runs.benchmark(config, variant, seed, backbone, train_dir, workdir)
       rows.append(runs.row(variant, seed, world.seed, train_dir, probe))
       dirs[(variant, int(seed))] = train_dir
-      writers.console(report.row_line(rows[-1]))
+      console.console(report.row_line(rows[-1]))
   training = runs.training_config(config, config.variants[0])
   results = {
       "job": "table3",
@@ -55,8 +55,8 @@ def run(config, workdir: str) -> Dict:
       "date": datetime.datetime.now().isoformat(timespec="seconds"),
   }
   written = report.write(config, workdir, results, dirs)
-  writers.console(f"[table3] done in {results['seconds'] / 60:.1f} min; wrote "
+  console.console(f"[table3] done in {results['seconds'] / 60:.1f} min; wrote "
                   + ", ".join(written))
   for line in report.summary_lines(results):
-    writers.console(f"[table3] {line}")
+    console.console(f"[table3] {line}")
   return results

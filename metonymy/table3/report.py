@@ -20,6 +20,7 @@ from metonymy.probe import plots
 from metonymy.probe import report as probe_report
 from metonymy.training import inputs
 from metonymy.training import optimizer
+from metonymy.workdir import Workdir
 
 README_BLOCK = "table3:results"
 FIGURE = "fig4_part_maps.png"
@@ -258,7 +259,7 @@ def part_map_figure(path: str, config, dirs: Dict[Tuple[str, int], str], seed: i
   variants = [v for v in config.variants if (v, seed) in dirs]
   if not variants or num_images <= 0:
     return False
-  first = loading.load_part_masks(dirs[(variants[0], seed)])
+  first = loading.load_trained_part_model(dirs[(variants[0], seed)])
   vit_config = first.model.backbone.config
   data = subjobs.with_world(config.single, config.world).data
   source, _ = inputs.sources(data)
@@ -275,7 +276,7 @@ def part_map_figure(path: str, config, dirs: Dict[Tuple[str, int], str], seed: i
            for i in range(num_images)] if "part_segmentation" in source[0] else None
   rows = [("image", None)] + ([("ground truth", np.stack(truth))] if truth is not None else [])
   for variant in variants:
-    labels, _ = loading.load_part_masks(dirs[(variant, seed)]).pixel_labels(
+    labels, _ = loading.load_trained_part_model(dirs[(variant, seed)]).pixel_labels(
         images, vit_config.image_mean, vit_config.image_std)
     rows.append((label(variant), np.asarray(labels)))
   fig, axes = plots.subplots(len(rows), num_images, figsize=(1.6 * num_images, 1.7 * len(rows)),
@@ -305,14 +306,15 @@ def part_map_figure(path: str, config, dirs: Dict[Tuple[str, int], str], seed: i
 
 def write(config, workdir: str, results: Dict, dirs) -> List[str]:
   written = []
-  path = os.path.join(workdir, "results.json")
+  files = Workdir(workdir)
+  path = os.fspath(files.results_file)
   with open(path, "w") as f:
     json.dump(results, f, indent=2)
   written.append(path)
-  if part_map_figure(os.path.join(workdir, FIGURE), config, dirs, int(config.seeds[0]),
+  if part_map_figure(os.fspath(files.output(FIGURE)), config, dirs, int(config.seeds[0]),
                      int(config.figure_images)):
-    written.append(os.path.join(workdir, FIGURE))
-  path = os.path.join(workdir, "report.md")
+    written.append(os.fspath(files.output(FIGURE)))
+  path = os.fspath(files.report_file)
   with open(path, "w") as f:
     f.write(markdown(results))
   written.append(path)

@@ -9,6 +9,7 @@ import ml_collections
 
 from metonymy import config_lib
 from metonymy.demo import subjobs
+from metonymy.workdir import Workdir
 
 # Two-stage variants: name -> (mask, hard_gradient). "hard_none" is the counterfactual with no
 # Stage-2 gradient into Stage 1 (the main text's reading of hard masks).
@@ -31,12 +32,12 @@ def training_config(config, variant: str) -> ml_collections.ConfigDict:
 
 
 def run_dir(workdir: str, variant: str, seed: int) -> str:
-  return os.path.join(workdir, f"{variant}_seed{int(seed)}")
+  return os.fspath(Workdir(workdir).sub(f"{variant}_seed{int(seed)}").path)
 
 
 def train(config, variant: str, seed: int, backbone: str, workdir: str) -> str:
   """Trains (or finds trained) `variant` at run seed `seed`; returns its train workdir."""
-  directory = os.path.join(run_dir(workdir, variant, seed), "train")
+  directory = os.fspath(Workdir(run_dir(workdir, variant, seed)).sub("train").path)
   subjobs.run_training(training_config(config, variant), backbone, directory, config.world, seed)
   return directory
 
@@ -46,8 +47,8 @@ def benchmark(config, variant: str, seed: int, backbone: str, train_dir: str,
   """PS and MPPO of a trained model (paper Table 3): linear probes on its own part features over
   its discovered parts: late masking of the frozen backbone for single-stage (Stage 1's pooled
   features), early masking of the trained Stage-2 ViT for two-stage (Stage 2's isolated ones)."""
-  directory = os.path.join(run_dir(workdir, variant, seed), "probe")
-  results_path = os.path.join(directory, "results.json")
+  directory = os.fspath(Workdir(run_dir(workdir, variant, seed)).sub("probe").path)
+  results_path = os.fspath(Workdir(directory).results_file)
   if os.path.exists(results_path):  # A rerun of the job: the probe already ran.
     with open(results_path) as f:
       return json.load(f)

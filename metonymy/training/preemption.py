@@ -36,7 +36,7 @@ from absl import logging
 import jax
 import numpy as np
 
-from metonymy.training import writers
+from metonymy import console
 
 # The exit status of a run that saved after a preemption notice and should be started again: 75
 # is EX_TEMPFAIL in sysexits.h ("temporary failure, the user is invited to retry"). launch/
@@ -166,7 +166,7 @@ class Watch:
       multihost_utils.sync_global_devices(f"metonymy_preempted_{step}")
     error = Preempted(step, self.reason())
     if jax.process_index() == 0:
-      writers.console(str(error))
+      console.console(str(error))
     else:
       logging.warning("Process %d: %s", jax.process_index(), error)
     raise error

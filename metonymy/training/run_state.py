@@ -27,47 +27,36 @@ position comes from the step instead: the training stream is the same for any pr
 
 import os
 import uuid
-from typing import Any, Optional, Tuple
+from typing import Optional
 
 from absl import logging
+from etils import epath
 import grain
 import jax
-import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-CHECKPOINT_DIR = "checkpoints"
-# Written by the trainer at the start of a run: what a model's loader (e.g.
-# loading.load_part_masks) needs to rebuild the model without the dataset.
-MODEL_FILE = "model.json"
-# A random-init frozen backbone is saved here (converted-checkpoint layout), so resuming and
-# loading never re-draw it.
-BACKBONE_DIR = "backbone"
-# Checkpoints refused on restore (non-finite values) are moved here, out of Orbax's step list.
-REFUSED_DIR = "refused_checkpoints"
+from metonymy.workdir import Workdir
+from metonymy.workdir import checkpoints as workdir_checkpoints
+from metonymy.workdir import layout
+
+all_finite = workdir_checkpoints.all_finite
+_all_finite_jit = workdir_checkpoints.all_finite_jit
 
 
-def directory(workdir: str) -> str:
-  return os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
+def directory(workdir) -> epath.Path:
+  return Workdir(workdir).checkpoints
 
 
-def all_finite(tree) -> jax.Array:
-  """bool []: no NaN or Inf in any floating-point leaf of `tree` (integer leaves are skipped).
-  Cheap inside a jitted step: one reduction per leaf."""
-  leaves = [x for x in jax.tree_util.tree_leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
-  if not leaves:
-    return jnp.array(True)
-  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
-
-
-_all_finite_jit = jax.jit(all_finite)
-
-
-def check_writable(path: str) -> None:
+def check_writable(path) -> None:
   """Raises OSError naming `path` unless a directory can be created in it (it is created first).
 
   Orbax creates a step's directory in a background thread; when that fails (the path is a file,
   read-only, permission denied) the save waits forever for a signal that never comes. This
-  probe, done the same way just before each save, turns that into an immediate error."""
+  probe, done the same way just before each save, turns that into an immediate error. (An
+  object store has no directories to fail on: there it only checks nothing.)"""
+  if not layout.is_local(path):
+    return
+  path = os.fspath(path)
   probe = os.path.join(path, f".write-probe-{jax.process_index()}-{uuid.uuid4().hex[:8]}")
   try:
     os.makedirs(path, exist_ok=True)
@@ -79,7 +68,7 @@ def check_writable(path: str) -> None:
                            f"checkpoints already in it are untouched.") from e
 
 
-def manager(workdir: str, max_to_keep: Optional[int] = 2) -> ocp.CheckpointManager:
+def manager(workdir, max_to_keep: Optional[int] = 2) -> ocp.CheckpointManager:
   check_writable(directory(workdir))
   options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                          enable_async_checkpointing=True)
@@ -89,7 +78,7 @@ def manager(workdir: str, max_to_keep: Optional[int] = 2) -> ocp.CheckpointManag
 def save(mngr: ocp.CheckpointManager, state, data_iterator) -> None:
   """Starts saving `state` (a train.TrainState) and the iterator at step `state.step`."""
   step = int(jax.device_get(state.step))
-  check_writable(str(mngr.directory))
+  check_writable(mngr.directory)
   mngr.save(step, args=ocp.args.Composite(
       params=ocp.args.StandardSave(state.params),
       opt_state=ocp.args.StandardSave(state.opt_state),
@@ -100,7 +89,7 @@ def save(mngr: ocp.CheckpointManager, state, data_iterator) -> None:
 def _data_saved_by_this_process(mngr: ocp.CheckpointManager, step: int) -> bool:
   """Whether `step`'s data item holds this process's iterator state (Grain's per-process file)."""
   name = f"process_{jax.process_index()}-of-{jax.process_count()}.json"
-  return os.path.exists(os.path.join(str(mngr.directory), str(step), "data", name))
+  return (epath.Path(mngr.directory) / str(step) / "data" / name).exists()
 
 
 def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, data_iterator):
@@ -131,14 +120,14 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, data_iterato
 def _refuse(mngr: ocp.CheckpointManager, step: int) -> None:
   """Moves `step` out of the checkpoint directory (process 0), so that it is neither resumed from
   nor in the way of the step's next save; every process then re-reads the step list."""
-  directory_ = str(mngr.directory)
-  refused = os.path.join(os.path.dirname(directory_), REFUSED_DIR, str(step))
+  directory_ = epath.Path(mngr.directory)
+  refused = directory_.parent / layout.REFUSED_DIR / str(step)
   if jax.process_index() == 0:
-    os.makedirs(os.path.dirname(refused), exist_ok=True)
+    refused.parent.mkdir(parents=True, exist_ok=True)
     target, n = refused, 1
-    while os.path.exists(target):
-      target, n = f"{refused}.{n}", n + 1
-    os.rename(os.path.join(directory_, str(step)), target)
+    while target.exists():
+      target, n = refused.parent / f"{refused.name}.{n}", n + 1
+    (directory_ / str(step)).rename(target)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(f"metonymy_refuse_checkpoint_{step}")
@@ -176,7 +165,7 @@ def restore_newest_finite(mngr: ocp.CheckpointManager, abstract_state, data_iter
   def refuse(step, reason):
     logging.warning("Refusing checkpoint step %d in %s: %s. Moved to %s; resuming from the "
                     "newest usable checkpoint instead.", step, directory_, reason,
-                    os.path.join(os.path.dirname(directory_), REFUSED_DIR, str(step)))
+                    os.fspath(epath.Path(directory_).parent / layout.REFUSED_DIR / str(step)))
     _refuse(mngr, step)
     refused.append((step, reason))
 
@@ -201,36 +190,3 @@ def restore_newest_finite(mngr: ocp.CheckpointManager, abstract_state, data_iter
         f"one that wrote them: compare with the workdir's config.json); nothing was moved."
     ) from unreadable[0][2]
   return None, None, refused
-
-
-def restore_params(workdir: str, abstract_params, step: Optional[int] = None) -> Tuple[Any, int]:
-  """(params, step) of `workdir`'s latest checkpoint (or `step`), without the optimizer or data.
-
-  `abstract_params`: the parameter tree as ShapeDtypeStructs (e.g. jax.eval_shape(model.init,
-  ...)); without shardings the arrays land on the default device.
-  """
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  abstract_params = jax.tree_util.tree_map(
-      lambda x: x if getattr(x, "sharding", None) is not None
-      else jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract_params)
-  mngr = ocp.CheckpointManager(directory(workdir))
-  try:
-    steps = mngr.all_steps()
-    if not steps:
-      raise FileNotFoundError(f"No checkpoint in {directory(workdir)}.")
-    if step is not None and step not in steps:
-      raise FileNotFoundError(f"No checkpoint for step {step} in {directory(workdir)}; "
-                              f"steps saved: {sorted(steps)}.")
-    # The newest finite checkpoint (or exactly `step`); one with a NaN/Inf is refused.
-    for candidate in ([step] if step is not None else sorted(steps, reverse=True)):
-      restored = mngr.restore(candidate, args=ocp.args.Composite(
-          params=ocp.args.StandardRestore(abstract_params)))
-      if bool(jax.device_get(_all_finite_jit(restored["params"]))):
-        return restored["params"], int(candidate)
-      logging.warning("Refusing checkpoint step %d in %s: its parameters hold NaN/Inf values.",
-                      candidate, directory(workdir))
-    raise FloatingPointError(
-        f"No checkpoint with finite parameters in {directory(workdir)} (tried steps "
-        f"{[step] if step is not None else sorted(steps, reverse=True)}).")
-  finally:
-    mngr.close()

@@ -33,7 +33,6 @@ evaluation rewrites with its numbers.
 """
 
 import functools
-import json
 import os
 from typing import Any, Dict, Tuple
 
@@ -47,6 +46,7 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
+from metonymy import console
 from metonymy import loading
 from metonymy.checkpoints import store
 from metonymy.data import pipeline
@@ -59,6 +59,8 @@ from metonymy.training import preemption
 from metonymy.training import run_state
 from metonymy.training import sharding
 from metonymy.training import writers
+from metonymy.workdir import Workdir
+from metonymy.workdir import layout as workdir_layout
 
 
 @flax.struct.dataclass
@@ -76,7 +78,7 @@ class NonFiniteError(FloatingPointError):
 
 def run(config, workdir: str) -> Dict[str, float]:
   """Trains (or resumes) in `workdir`; returns the last evaluation's scalars."""
-  writers.quiet_library_logs()
+  console.quiet_library_logs()
   mesh = sharding.make_mesh(config.mesh)
   with jax.set_mesh(mesh):
     return _train(config, workdir, mesh)
@@ -95,12 +97,12 @@ def _batch_sizes(config, mesh) -> int:
 def _load_model(config, workdir: str,
                 num_attributes: int) -> Tuple[part_model.PartModel, Any]:
   """(model, frozen params); a random-init backbone is saved once and reloaded on resume."""
-  if config.backbone.checkpoint and not os.path.exists(config.backbone.checkpoint):
+  if config.backbone.checkpoint and not workdir_layout.as_path(config.backbone.checkpoint).exists():
     raise FileNotFoundError(
         f"config.backbone.checkpoint={config.backbone.checkpoint!r} does not exist. Convert a "
         f"checkpoint with `python -m metonymy.checkpoints convert --input FILE --output DIR` and "
         f"pass --config.backbone.checkpoint=DIR (or set it to '' for a random-init backbone).")
-  saved = os.path.join(workdir, run_state.BACKBONE_DIR)
+  saved = Workdir(workdir).backbone
   exists = store.is_converted(saved)
   if jax.process_count() > 1:  # One decision for all: saving and loading are collective.
     exists = bool(multihost_utils.broadcast_one_to_all(np.asarray(exists)))
@@ -112,20 +114,19 @@ def _load_model(config, workdir: str,
     return model, frozen
   # Resuming a random-init run: the saved backbone, not a re-draw (immune to RNG changes).
   config = ml_collections.ConfigDict(config.to_dict())
-  config.backbone.checkpoint = saved
+  config.backbone.checkpoint = os.fspath(saved)
   return loading.build_model(config, num_attributes)
 
 
 def _write_model_file(config, workdir: str, info) -> None:
-  """What loading.load_part_masks needs to rebuild the model without the data."""
+  """What loading.load_trained_part_model needs to rebuild the model without the data."""
   if jax.process_index() != 0:
     return
   meta = {"model": config.model.to_dict(), "backbone": config.backbone.to_dict(),
           "seed": config.seed, "image_size": config.data.image_size,
           "dataset": config.data.dataset, "num_attributes": info.num_attributes,
           "attribute_names": list(info.attribute_names), "part_names": list(info.part_names)}
-  with open(os.path.join(workdir, run_state.MODEL_FILE), "w") as f:
-    json.dump(meta, f, indent=2)
+  Workdir(workdir).write_model_info(meta)
 
 
 def _finite_or_raise(step: int, metrics, mngr, writer, learning_rates) -> Dict[str, float]:
@@ -158,7 +159,7 @@ def _finite_or_raise(step: int, metrics, mngr, writer, learning_rates) -> Dict[s
 
 def _train(config, workdir: str, mesh) -> Dict[str, float]:
   objective.check_config(config.loss)
-  os.makedirs(workdir, exist_ok=True)
+  workdir = Workdir(workdir).make().path
   batch_size = _batch_sizes(config, mesh)
   per_process = batch_size // jax.process_count()
 
@@ -193,7 +194,7 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
   decays = jax.tree_util.tree_leaves(optimizer.decay_mask(abstract_params))
   num_decayed = sum(int(np.prod(leaf.shape)) for leaf, decayed
                     in zip(jax.tree_util.tree_leaves(abstract_params), decays) if decayed)
-  writers.console(
+  console.console(
       f"Weight decay {optimizer.effective_weight_decay(config.optimizer, total_steps):.3g} "
       f"(config.optimizer.weight_decay {config.optimizer.weight_decay}, normalized: "
       f"{bool(config.optimizer.get('weight_decay_normalized', False))}, {total_steps} steps) on "
@@ -268,10 +269,10 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, state_sh)
     state, latest, refused = run_state.restore_newest_finite(mngr, target, train_iter)
     for bad_step, reason in refused:
-      moved = os.path.join(workdir, run_state.REFUSED_DIR, str(bad_step))
-      writers.console(f"Warning: refused checkpoint step {bad_step}: {reason}; moved to {moved}.")
+      moved = Workdir(workdir).refused_checkpoints / str(bad_step)
+      console.console(f"Warning: refused checkpoint step {bad_step}: {reason}; moved to {moved}.")
     if state is not None:
-      writers.console(f"Resumed from step {latest} ({run_state.directory(workdir)}).")
+      console.console(f"Resumed from step {latest} ({run_state.directory(workdir)}).")
     else:  # Every checkpoint was refused: start afresh, from a rewound data iterator.
       train_iter = iter(train_ds)
   if state is None:
@@ -286,7 +287,7 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
   step = int(jax.device_get(state.step))
   writer.trim(step)  # The killed run's records after the restored step would appear twice.
   count = parameter_overview.count_parameters
-  writers.console(
+  console.console(
       f"Training {config.model.name}: {count(state.params):,} trainable parameters, "
       f"{count(frozen):,} frozen; {total_steps} steps ({steps_per_epoch}/epoch) at batch "
       f"{batch_size} on {mesh.size} device(s) {dict(mesh.shape)}.")
@@ -312,11 +313,11 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
     # The per-part values go on one short line of their own, in channel order (background last).
     per_part = lambda prefix: " ".join(f"{v:.2f}" for k, v in scalars.items()
                                        if k.startswith(prefix) and k.rsplit("/", 1)[1].isdigit())
-    writers.console(f"eval @ {step}: " + ", ".join(
+    console.console(f"eval @ {step}: " + ", ".join(
         f"{k} {v:.4g}" for k, v in scalars.items()
         if not k.startswith(("eval/part_share/", "eval/part_mass/"))))
     if "eval/part_share/max" in scalars:
-      writers.console(f"eval @ {step}: part shares {per_part('eval/part_share/')} (background "
+      console.console(f"eval @ {step}: part shares {per_part('eval/part_share/')} (background "
                       f"last), max {scalars['eval/part_share/max']:.2f}, empty parts "
                       f"{scalars['eval/part_share/num_empty']:g}")
     warnings = evaluate.collapse_warnings(result["scalars"])
@@ -326,7 +327,7 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
     writer.write_text("report.md", evaluate.report_markdown(
         result["scalars"], warnings, step=step, total_steps=total_steps,
         title=f"Training report: {config.model.name} on {config.data.dataset} "
-              f"({os.path.basename(os.path.normpath(workdir))})"))
+              f"({workdir.name})"))
     return scalars
 
   def run_mechanism(step: int) -> None:
@@ -345,12 +346,12 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
       for name, value in norms.items():
         sums[name] = sums.get(name, 0.0) + float(value) / num
     writer.write_scalars(step, {f"mechanism/grad_norm/{k}": v for k, v in sums.items()})
-    writers.console(f"gradient norms at Stage 1's prototypes @ {step}: " + ", ".join(
+    console.console(f"gradient norms at Stage 1's prototypes @ {step}: " + ", ".join(
         f"{k} {v:.3g}" for k, v in sorted(sums.items())))
 
   last_eval: Dict[str, float] = {}
   if step >= total_steps:
-    writers.console(f"Nothing to do: the run in {workdir} already reached step {step}.")
+    console.console(f"Nothing to do: the run in {workdir} already reached step {step}.")
   if step == 0 and config.trainer.get("term_gradient_batches", 0):
     run_mechanism(0)
   if step == 0 and config.trainer.get("eval_at_start", False):
@@ -385,7 +386,7 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
           if np.isfinite(progress.steps_per_second):
             values["steps_per_second"] = progress.steps_per_second
           writer.write_scalars(step, values)
-          writers.console(f"step {step}/{total_steps} (epoch {values['epoch']:.2f}) "
+          console.console(f"step {step}/{total_steps} (epoch {values['epoch']:.2f}) "
                           f"loss {values['loss']:.4f}, max part share "
                           f"{values['train/part_share/max']:.2f} | {progress.line(step)}")
         if step % checkpoint_every == 0 or last or stop or timed:

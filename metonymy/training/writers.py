@@ -1,4 +1,4 @@
-"""Metrics out of a run, without TensorFlow: JSONL, TensorBoard event files, PNGs, the console.
+"""Metrics out of a run, without TensorFlow: JSONL, TensorBoard event files, PNGs.
 
   WORKDIR/metrics.jsonl       one {"step": s, "<name>": value, ...} object per line (appended
                               across resumes; a resume first trims it to the restored step)
@@ -8,68 +8,72 @@
   WORKDIR/report.md           the latest evaluation in words (`write_text`, replaced each time)
   WORKDIR/parameters.txt      the parameter tables of the run's start (clu.parameter_overview)
 
-Only process 0 writes; on other processes every method is a no-op. TensorBoard files come from
-tensorboardX because `clu.metric_writers` needs TensorFlow; the console's steps/s and ETA come from
-clu's ReportProgress, the optional trace from clu's Profile.
+The paths come from metonymy/workdir (local or gs://). Only process 0 writes; on other processes
+every method is a no-op. TensorBoard files come from tensorboardX (its own GCS writer for gs://)
+because `clu.metric_writers` needs TensorFlow; the console's steps/s and ETA come from clu's
+ReportProgress, the optional trace from clu's Profile.
 """
 
 import contextlib
+import io
 import json
-import logging as py_logging
 import math
 import os
 import sys
 import time
 import types
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
-from absl import logging
+
+from metonymy.workdir import Workdir
+from metonymy.workdir import layout
 
 
 def _scalar(value) -> float:
   return float(np.asarray(value))
 
 
-class MetricWriter:
+class MetricsLog:
+  """WORKDIR/metrics.jsonl, appended to. An object store has no append: there the lines are
+  kept and the object rewritten whole, at most every `REMOTE_FLUSH_S` and at `flush`/`close`."""
 
-  def __init__(self, workdir: str, enabled: bool = True):
-    self.enabled = enabled
-    self.workdir = workdir
-    self._tb = None
-    if not enabled:
-      return
-    os.makedirs(os.path.join(workdir, "images"), exist_ok=True)
-    self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
-    try:
-      from tensorboardX import SummaryWriter
-    except ImportError as e:
-      raise ImportError("The trainer writes TensorBoard files with tensorboardX: "
-                        "pip install tensorboardX (it is in requirements.txt).") from e
-    self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+  REMOTE_FLUSH_S = 30.0
 
-  def write_scalars(self, step: int, scalars: Dict[str, float]) -> None:
-    if not self.enabled:
+  def __init__(self, path):
+    self.path = layout.as_path(path)
+    self._local = layout.is_local(self.path)
+    self._lines: List[str] = []
+    self._last_upload = 0.0
+    if self._local:
+      self._file = open(self.path, "a")
+    else:
+      self._lines = self.path.read_text().splitlines(keepends=True) if self.path.exists() else []
+
+  def append(self, line: str) -> None:
+    if self._local:
+      self._file.write(line)
+      self._file.flush()
       return
-    values = {name: _scalar(v) for name, v in scalars.items()}
-    record = {"step": int(step)}
-    # JSON has no NaN/Inf literals that every reader accepts: write them as strings.
-    record.update({k: (v if math.isfinite(v) else str(v)) for k, v in values.items()})
-    self._jsonl.write(json.dumps(record) + "\n")
-    self._jsonl.flush()
-    for name, value in values.items():
-      self._tb.add_scalar(name, value, int(step))
+    self._lines.append(line)
+    if time.monotonic() - self._last_upload >= self.REMOTE_FLUSH_S:
+      self.flush()
+
+  def flush(self) -> None:
+    if self._local:
+      self._file.flush()
+    else:
+      self.path.write_text("".join(self._lines))
+      self._last_upload = time.monotonic()
 
   def trim(self, step: int) -> None:
-    """Drops the metrics.jsonl records after `step` (and a line a kill left half-written): a
-    resumed run repeats those steps, which would otherwise appear twice. TensorBoard needs no
-    such help: it drops the events after a step that is logged again."""
-    if not self.enabled:
-      return
-    path = self._jsonl.name
-    self._jsonl.close()
-    with open(path) as f:
-      lines = f.readlines()
+    """Drops the records after `step` (and a line a kill left half-written)."""
+    if self._local:
+      self._file.close()
+      with open(self.path) as f:
+        lines = f.readlines()
+    else:
+      lines = list(self._lines)
     kept = []
     for line in lines:
       try:
@@ -79,21 +83,68 @@ class MetricWriter:
       if isinstance(record, dict) and isinstance(record.get("step"), int) and (
           record["step"] <= step):
         kept.append(line if line.endswith("\n") else line + "\n")
-    if len(kept) != len(lines):
-      with open(path + ".tmp", "w") as f:  # Written aside, then renamed: a kill keeps one whole.
-        f.writelines(kept)
-      os.replace(path + ".tmp", path)
-    self._jsonl = open(path, "a")
+    if self._local:
+      if len(kept) != len(lines):
+        layout.write_text(self.path, "".join(kept))  # Aside, then renamed: a kill keeps one whole.
+      self._file = open(self.path, "a")
+    else:
+      self._lines = kept
+      self.flush()
+
+  def close(self) -> None:
+    if self._local:
+      self._file.close()
+    else:
+      self.flush()
+
+
+class MetricWriter:
+
+  def __init__(self, workdir, enabled: bool = True):
+    self.enabled = enabled
+    self.files = Workdir(workdir)
+    self.workdir = self.files.path
+    self._tb = None
+    if not enabled:
+      return
+    self.files.images.mkdir(parents=True, exist_ok=True)
+    self._jsonl = MetricsLog(self.files.metrics_file)
+    try:
+      from tensorboardX import SummaryWriter
+    except ImportError as e:
+      raise ImportError("The trainer writes TensorBoard files with tensorboardX: "
+                        "pip install tensorboardX (it is in requirements.txt).") from e
+    self._tb = SummaryWriter(os.fspath(self.files.tensorboard))
+
+  def write_scalars(self, step: int, scalars: Dict[str, float]) -> None:
+    if not self.enabled:
+      return
+    values = {name: _scalar(v) for name, v in scalars.items()}
+    record = {"step": int(step)}
+    # JSON has no NaN/Inf literals that every reader accepts: write them as strings.
+    record.update({k: (v if math.isfinite(v) else str(v)) for k, v in values.items()})
+    self._jsonl.append(json.dumps(record) + "\n")
+    for name, value in values.items():
+      self._tb.add_scalar(name, value, int(step))
+
+  def trim(self, step: int) -> None:
+    """Drops the metrics.jsonl records after `step` (and a line a kill left half-written): a
+    resumed run repeats those steps, which would otherwise appear twice. TensorBoard needs no
+    such help: it drops the events after a step that is logged again."""
+    if self.enabled:
+      self._jsonl.trim(step)
 
   def write_image(self, step: int, name: str, image: np.ndarray) -> Optional[str]:
     """uint8 [H, W, 3] -> a PNG under images/ and a TensorBoard image; returns the PNG path."""
     if not self.enabled:
       return None
     from PIL import Image
-    path = os.path.join(self.workdir, "images", f"{name.replace('/', '_')}_{int(step):07d}.png")
-    Image.fromarray(image).save(path)
+    path = self.files.image(name, step)
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="PNG")
+    path.write_bytes(buffer.getvalue())
     self._tb.add_image(name, image, int(step), dataformats="HWC")
-    return path
+    return os.fspath(path)
 
   def write_config(self, config) -> None:
     """The resolved config as TensorBoard text (tag "config", step 0), so a run's event files
@@ -104,25 +155,21 @@ class MetricWriter:
         json.dumps(config, indent=2, default=str))
     self._tb.add_text("config", "```\n" + body + "\n```", 0)
 
-  def write_figure(self, step: int, name: str, png_path: str) -> None:
+  def write_figure(self, step: int, name: str, png_path) -> None:
     """A PNG already written (a report's figure) as a TensorBoard image."""
     if not self.enabled:
       return
     from PIL import Image
-    with Image.open(png_path) as image:
+    with Image.open(io.BytesIO(layout.as_path(png_path).read_bytes())) as image:
       pixels = np.asarray(image.convert("RGB"))
     self._tb.add_image(name, pixels, int(step), dataformats="HWC")
 
   def write_text(self, name: str, text: str) -> Optional[str]:
-    """Replaces WORKDIR/<name> with `text` (written aside, then renamed: a reader or a kill never
-    sees half a file); returns the path."""
+    """Replaces WORKDIR/<name> with `text` (layout.write_text: a reader or a kill never sees
+    half a file); returns the path."""
     if not self.enabled:
       return None
-    path = os.path.join(self.workdir, name)
-    with open(path + ".tmp", "w") as f:
-      f.write(text)
-    os.replace(path + ".tmp", path)
-    return path
+    return os.fspath(layout.write_text(self.files.output(name), text))
 
   def flush(self) -> None:
     if self.enabled:
@@ -141,7 +188,7 @@ def read_tensorboard(workdir: str) -> Dict[str, set]:
   (tensorboard's own reader), e.g. to check what a run shows."""
   from tensorboard.backend.event_processing import event_accumulator
   accumulator = event_accumulator.EventAccumulator(
-      os.path.join(workdir, "tensorboard"), size_guidance={event_accumulator.TENSORS: 0})
+      os.fspath(Workdir(workdir).tensorboard), size_guidance={event_accumulator.TENSORS: 0})
   accumulator.Reload()
   tags = accumulator.Tags()
   # add_text is stored as a tensor summary of the text plugin, tagged "<name>/text_summary".
@@ -244,7 +291,7 @@ def profiler(workdir: str, num_steps: int, first_step: int):
   if not num_steps or jax.process_index() != 0:
     return None
   return _periodic_actions().Profile(
-      logdir=os.path.join(workdir, "tensorboard"), num_profile_steps=num_steps,
+      logdir=os.fspath(Workdir(workdir).tensorboard), num_profile_steps=num_steps,
       profile_duration_ms=None, first_profile=first_step, every_secs=None)
 
 
@@ -265,38 +312,7 @@ def write_parameter_tables(workdir: str, trees: Dict[str, object]) -> Optional[s
   from clu import parameter_overview
   if jax.process_index() != 0:
     return None
-  path = os.path.join(workdir, "parameters.txt")
-  with open(path, "w") as f:
-    for title, tree in trees.items():
-      table = parameter_overview.get_parameter_overview(tree, include_stats=False)
-      f.write(f"{title}\n{table}\n\n")
-  return path
-
-
-def console(message: str) -> None:
-  """One progress line on process 0's stdout (not through absl too: under absl.app that would
-  print it twice on a terminal)."""
-  import jax  # Here: the writers themselves need no JAX.
-  if jax.process_index() == 0:
-    print(message, flush=True)
-
-
-class _DropLibraryInfo(py_logging.Filter):
-  """Drops INFO (and lower) records logged from `packages`' source files."""
-
-  def __init__(self, packages):
-    super().__init__()
-    self.markers = tuple(f"{os.sep}{p}{os.sep}" for p in packages)
-
-  def filter(self, record) -> bool:
-    return record.levelno >= py_logging.WARNING or not any(
-        m in record.pathname for m in self.markers)
-
-
-def quiet_library_logs(packages=("orbax", "grain", os.path.join("clu", "platform"))) -> None:
-  """Orbax logs every stage of every save at INFO through absl, burying the progress lines, and
-  clu's ReportProgress logs (through clu.platform) a second progress line beside the console's:
-  keep those libraries' warnings and errors only. Idempotent."""
-  logger = logging.get_absl_logger()
-  if not any(isinstance(f, _DropLibraryInfo) for f in logger.filters):
-    logger.addFilter(_DropLibraryInfo(packages))
+  text = "".join(
+      f"{title}\n{parameter_overview.get_parameter_overview(tree, include_stats=False)}\n\n"
+      for title, tree in trees.items())
+  return os.fspath(layout.write_text(Workdir(workdir).parameters_file, text))

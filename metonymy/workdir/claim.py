@@ -1,6 +1,6 @@
 """A run's claim on its workdir: one run at a time, and only a run of the workdir's own config.
 
-  lock = workdir_claim.claim(workdir, config)   # main.py, before anything else is written there
+  lock = claim.claim(workdir, config)   # main.py, before anything else is written there
   try:
     job.run(config, workdir)
   finally:
@@ -22,6 +22,14 @@ only (the others follow its decision):
   config  the new config against WORKDIR/config.json on the keys that decide what the workdir's
           files are (COMPARED_KEYS: job, model, K, backbone shapes, dataset); a mismatch refuses
           with one paragraph naming every differing key, before config.json is rewritten.
+
+On an object store (a `gs://` workdir, where every host of a TPU pod writes) there is no atomic
+exclusive create, no rename and no mtime heartbeat to rely on, so the lock is plainer: process 0
+reads WORKDIR/run.lock and refuses while it exists, unless its holder is a process of this same
+host that is gone; otherwise it writes its own. What cannot be detected there: a holder on
+another host that died (its lock stays until removed), and two runs started within the same
+second (both may pass the check). The refusal names the holder and the command that removes the
+lock (`gcloud storage rm gs://.../run.lock`) once the user knows that run is gone.
 """
 
 import json
@@ -35,8 +43,9 @@ from typing import Dict, List, Optional, Tuple
 
 from absl import logging
 
-LOCK_FILE = "run.lock"
-CONFIG_FILE = "config.json"
+from metonymy.workdir import layout
+
+LOCK_FILE = layout.LOCK_FILE
 HEARTBEAT_S = 60.0
 STALE_S = 600.0  # A lock from another host whose heartbeat is this old is a crashed run's.
 
@@ -144,14 +153,17 @@ def _break_stale(path: str, holder: Dict) -> bool:
 
 
 class Lock:
-  """Held while the run lasts; `release` removes the file only if it is still this run's."""
+  """Held while the run lasts; `release` removes the file only if it is still this run's. On a
+  local filesystem a thread touches the file every HEARTBEAT_S (the age another host reads)."""
 
-  def __init__(self, path: str, holder: Dict):
-    self.path, self.holder = path, holder
+  def __init__(self, path, holder: Dict, heartbeat: bool = True):
+    self.path, self.holder = layout.as_path(path), holder
     self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._heartbeat, daemon=True,
-                                    name="metonymy-workdir-lock-heartbeat")
-    self._thread.start()
+    self._thread = None
+    if heartbeat:
+      self._thread = threading.Thread(target=self._heartbeat, daemon=True,
+                                      name="metonymy-workdir-lock-heartbeat")
+      self._thread.start()
 
   def _heartbeat(self) -> None:
     while not self._stop.wait(HEARTBEAT_S):
@@ -163,16 +175,28 @@ class Lock:
   def release(self) -> None:
     self._stop.set()
     try:
-      holder, _ = _read_lock(self.path)
+      if layout.is_local(self.path):
+        holder, _ = _read_lock(os.fspath(self.path))
+      else:
+        holder = _read_remote_lock(self.path)
       if holder == self.holder:
-        os.remove(self.path)
-    except OSError:
+        self.path.unlink()
+    except (OSError, ValueError):
       pass
 
 
-def acquire(workdir: str) -> Lock:
+def _busy_message(workdir, path, other: Dict, remedy: str) -> str:
+  return (f"{workdir} is in use by another run: process {other.get('pid')} on host "
+          f"{other.get('host')}, started {other.get('started')} (`{other.get('command')}`). Wait "
+          f"for it to finish or use another --workdir. {remedy}")
+
+
+def acquire(workdir) -> Lock:
   """Takes WORKDIR/run.lock for this process, breaking a stale one; raises WorkdirBusyError
-  naming the holder when a live run has it."""
+  naming the holder when a live run has it (see the module docstring for object stores)."""
+  if not layout.is_local(workdir):
+    return _acquire_remote(layout.as_path(workdir))
+  workdir = os.path.abspath(os.fspath(workdir))
   path = os.path.join(workdir, LOCK_FILE)
   holder = _holder()
   for _ in range(5):  # Retries only after a stale lock was broken.
@@ -185,13 +209,10 @@ def acquire(workdir: str) -> Lock:
         continue  # Released in between.
       stale = _stale_reason(other, age)
       if stale is None:
-        raise WorkdirBusyError(
-            f"{os.path.abspath(workdir)} is in use by another run: process {other.get('pid')} on "
-            f"host {other.get('host')}, started {other.get('started')} "
-            f"(`{other.get('command')}`). Wait for it to finish or use another --workdir. If "
-            f"that run is gone (crashed on another host), delete {os.path.abspath(path)}; a lock "
-            f"from another host also counts as stale {STALE_S / 60:.0f} minutes after its last "
-            f"heartbeat ({age:.0f} s ago).") from None
+        raise WorkdirBusyError(_busy_message(workdir, path, other, (
+            f"If that run is gone (crashed on another host), delete {path}; a lock from another "
+            f"host also counts as stale {STALE_S / 60:.0f} minutes after its last heartbeat "
+            f"({age:.0f} s ago)."))) from None
       if _break_stale(path, other):
         logging.warning("Took over the stale lock %s of process %s on host %s: %s.", path,
                         other.get("pid"), other.get("host"), stale)
@@ -199,7 +220,32 @@ def acquire(workdir: str) -> Lock:
     with os.fdopen(fd, "w") as f:
       json.dump(holder, f)
     return Lock(path, holder)
-  raise WorkdirBusyError(f"Could not take {os.path.abspath(path)}: other runs keep replacing it.")
+  raise WorkdirBusyError(f"Could not take {path}: other runs keep replacing it.")
+
+
+def _read_remote_lock(path) -> Dict:
+  try:
+    return json.loads(path.read_text())
+  except ValueError:
+    return {}
+
+
+def _acquire_remote(workdir) -> Lock:
+  path = workdir / LOCK_FILE
+  holder = _holder()
+  if path.exists():
+    other = _read_remote_lock(path)
+    # Only a holder on this host can be asked whether it is alive; its age says nothing here.
+    stale = _stale_reason(other, 0.0) if other.get("host") == holder["host"] else None
+    if stale is None:
+      raise WorkdirBusyError(_busy_message(workdir, path, other, (
+          f"On an object store a lock left by a run that died on another host cannot be told "
+          f"from a live one: once you know that run is gone, remove the lock with `gcloud "
+          f"storage rm {path}` and start again.")))
+    logging.warning("Took over the stale lock %s of process %s on host %s: %s.", path,
+                    other.get("pid"), other.get("host"), stale)
+  path.write_text(json.dumps(holder))
+  return Lock(path, holder, heartbeat=False)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -228,40 +274,31 @@ def config_differences(saved: Dict, new: Dict) -> List[str]:
   return diffs
 
 
-def check_config(workdir: str, config) -> None:
+def check_config(workdir, config) -> None:
   """Raises ConfigMismatchError when WORKDIR/config.json is of another config (see module doc);
   a workdir without one (new, or written by training.trainer.run directly) passes."""
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
-    return
+  files = layout.Workdir(workdir)
+  path = files.config_file
   try:
-    with open(path) as f:
-      saved = json.load(f)
+    saved = files.read_config()
   except ValueError as e:
     raise ConfigMismatchError(
-        f"{path} cannot be read as JSON ({e}), so this run cannot tell whether the workdir is "
-        f"its own. Fix or remove {path} if the workdir is this config's; nothing was written."
-    ) from None
+        f"{e} So this run cannot tell whether the workdir is its own. Fix or remove {path} if "
+        f"the workdir is this config's; nothing was written.") from None
+  if saved is None:
+    return
   new = json.loads(config.to_json_best_effort())
   diffs = config_differences(saved, new)
   if diffs:
     raise ConfigMismatchError(
-        f"{os.path.abspath(workdir)} holds a run of another config, so nothing was written "
-        f"there: its checkpoints would not fit this run, and its config.json and model.json "
-        f"(what loads it as a part-mask source) would be overwritten. Differing keys (the "
-        f"workdir's value -> this run's): {'; '.join(diffs)}. Use a new --workdir for this "
-        f"config, or resume that run with its own config ({path}).")
+        f"{files.path} holds a run of another config, so nothing was written there: its "
+        f"checkpoints would not fit this run, and its config.json and model.json (what loads it "
+        f"as a part-mask source) would be overwritten. Differing keys (the workdir's value -> "
+        f"this run's): {'; '.join(diffs)}. Use a new --workdir for this config, or resume that "
+        f"run with its own config ({path}).")
 
 
-def write_config(workdir: str, config) -> None:
-  """WORKDIR/config.json, written aside and renamed (a kill never leaves half of it)."""
-  path = os.path.join(workdir, CONFIG_FILE)
-  with open(path + ".tmp", "w") as f:
-    f.write(config.to_json_best_effort(indent=2))
-  os.replace(path + ".tmp", path)
-
-
-def claim(workdir: str, config) -> Optional[Lock]:
+def claim(workdir, config) -> Optional[Lock]:
   """Locks `workdir`, checks `config` against its config.json and writes the new one; returns
   the lock to release when the run ends (None on processes other than 0, which hold none). With
   several processes, all raise when process 0 refuses."""
@@ -269,10 +306,10 @@ def claim(workdir: str, config) -> Optional[Lock]:
   lock, error = None, None
   if jax.process_index() == 0:
     try:
-      os.makedirs(workdir, exist_ok=True)
-      lock = acquire(workdir)
-      check_config(workdir, config)
-      write_config(workdir, config)
+      files = layout.Workdir(workdir).make()
+      lock = acquire(files.path)
+      check_config(files.path, config)
+      files.write_config(config)
     except (WorkdirBusyError, ConfigMismatchError, OSError) as e:
       error = e
   if jax.process_count() > 1:  # One decision for all: refused, every process stops.

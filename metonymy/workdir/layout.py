@@ -1,0 +1,230 @@
+"""Where a run's files are in its workdir, and the readers and writers of the small ones.
+
+  WORKDIR/config.json          the resolved config of the run (written by the claim)
+  WORKDIR/model.json           what rebuilds the trained model without the data (the trainer)
+  WORKDIR/metrics.jsonl        one {"step": s, "<name>": value, ...} object per line
+  WORKDIR/checkpoints/<step>/  Orbax checkpoints (training/run_state.py)
+  WORKDIR/refused_checkpoints/ checkpoints refused on restore, kept for inspection
+  WORKDIR/backbone/            a random-init frozen backbone, saved once (converted layout)
+  WORKDIR/run.lock             the claim of the run that holds the workdir (claim.py)
+  WORKDIR/tensorboard/         event files; WORKDIR/images/ the PNGs logged beside them
+  WORKDIR/parameters.txt       the parameter tables of the run's start
+  WORKDIR/report.md, results.json, *.png   a job's report, its numbers and its figures
+  WORKDIR/cache/               the leakage benchmark's feature cache (unless configured)
+
+Every path is an `etils.epath.Path`, the path type Orbax itself uses, so a workdir may be a local
+folder or a `gs://bucket/...` prefix with the same code. Object stores have no rename that is
+atomic and no append: `write_text` writes aside and renames where the filesystem is local, and
+writes the object in one request where it is not (a GCS object is replaced whole, so a reader
+never sees half of it either way).
+"""
+
+import contextlib
+import json
+import os
+import tempfile
+from typing import Any, Dict, Iterator, Optional, Union
+
+from etils import epath
+
+PathLike = Union[str, os.PathLike, epath.Path]
+
+CONFIG_FILE = "config.json"
+MODEL_FILE = "model.json"
+METRICS_FILE = "metrics.jsonl"
+CHECKPOINT_DIR = "checkpoints"
+REFUSED_DIR = "refused_checkpoints"
+BACKBONE_DIR = "backbone"
+LOCK_FILE = "run.lock"
+TENSORBOARD_DIR = "tensorboard"
+IMAGES_DIR = "images"
+PARAMETERS_FILE = "parameters.txt"
+REPORT_FILE = "report.md"
+RESULTS_FILE = "results.json"
+CACHE_DIR = "cache"
+
+
+def is_local(path: PathLike) -> bool:
+  """Whether `path` is on a local (POSIX) filesystem, not an object store (gs://, s3://)."""
+  return "://" not in os.fspath(path)
+
+
+def as_path(path: PathLike) -> epath.Path:
+  """`path` as an epath.Path; a local path made absolute (Orbax needs absolute local paths)."""
+  text = os.fspath(path)
+  return epath.Path(text if not is_local(text) else os.path.abspath(text))
+
+
+class Workdir:
+  """The files of one run's workdir (see the module docstring); `path` is local or gs://."""
+
+  def __init__(self, path: PathLike):
+    self.path = as_path(path)
+
+  def __repr__(self) -> str:
+    return f"Workdir({os.fspath(self.path)!r})"
+
+  def __fspath__(self) -> str:
+    return os.fspath(self.path)
+
+  @property
+  def is_local(self) -> bool:
+    return is_local(self.path)
+
+  # The layout.
+  config_file = property(lambda self: self.path / CONFIG_FILE)
+  model_file = property(lambda self: self.path / MODEL_FILE)
+  metrics_file = property(lambda self: self.path / METRICS_FILE)
+  checkpoints = property(lambda self: self.path / CHECKPOINT_DIR)
+  refused_checkpoints = property(lambda self: self.path / REFUSED_DIR)
+  backbone = property(lambda self: self.path / BACKBONE_DIR)
+  lock_file = property(lambda self: self.path / LOCK_FILE)
+  tensorboard = property(lambda self: self.path / TENSORBOARD_DIR)
+  images = property(lambda self: self.path / IMAGES_DIR)
+  parameters_file = property(lambda self: self.path / PARAMETERS_FILE)
+  report_file = property(lambda self: self.path / REPORT_FILE)
+  results_file = property(lambda self: self.path / RESULTS_FILE)
+  feature_cache = property(lambda self: self.path / CACHE_DIR)
+
+  def output(self, name: str) -> epath.Path:
+    """A job's own output file (a figure, a table): WORKDIR/<name>."""
+    return self.path / name
+
+  def image(self, name: str, step: int) -> epath.Path:
+    """WORKDIR/images/<name>_<step>.png of a logged image (`name` may hold slashes)."""
+    return self.images / f"{name.replace('/', '_')}_{int(step):07d}.png"
+
+  def sub(self, name: str) -> "Workdir":
+    """The workdir of a sub-job (a demo step, a Table-3 run) inside this one."""
+    return Workdir(self.path / name)
+
+  def make(self) -> "Workdir":
+    self.path.mkdir(parents=True, exist_ok=True)
+    return self
+
+  # The small files.
+
+  def write_config(self, config) -> epath.Path:
+    """config.json: a ConfigDict's resolved values (`to_json_best_effort`) or a plain dict."""
+    body = (config.to_json_best_effort(indent=2) if hasattr(config, "to_json_best_effort")
+            else json.dumps(config, indent=2, default=str))
+    return write_text(self.config_file, body)
+
+  def read_config(self) -> Optional[Dict[str, Any]]:
+    """config.json as a dict, None when the workdir has none."""
+    return read_json(self.config_file) if self.config_file.exists() else None
+
+  def write_model_info(self, info: Dict[str, Any]) -> epath.Path:
+    return write_text(self.model_file, json.dumps(info, indent=2))
+
+  def read_model_info(self) -> Dict[str, Any]:
+    """model.json; a FileNotFoundError naming it when the workdir is no training workdir."""
+    if not self.model_file.exists():
+      raise FileNotFoundError(f"{self.model_file} not found: {self.path} is not a part-discovery "
+                              f"training workdir (the train job writes model.json).")
+    return read_json(self.model_file)
+
+  def is_training_workdir(self) -> bool:
+    return self.model_file.exists()
+
+  def metric_records(self, prefix: str = "") -> Dict[int, Dict[str, float]]:
+    """{step: {name: value}} of metrics.jsonl's entries whose names start with `prefix`
+    (dropped), in step order; non-finite values (stored as strings) -> NaN."""
+    if not self.metrics_file.exists():
+      raise FileNotFoundError(f"{self.metrics_file} not found: the training run in {self.path} "
+                              f"wrote no metrics.")
+    out: Dict[int, Dict[str, float]] = {}
+    for number, line in enumerate(self.metrics_file.read_text().splitlines(), 1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except ValueError as e:
+        raise ValueError(f"{self.metrics_file}, line {number}: not JSON ({e}).") from None
+      values = {k[len(prefix):]: _float(v) for k, v in record.items()
+                if k.startswith(prefix) and k != "step"}
+      if values:
+        out.setdefault(int(record["step"]), {}).update(values)
+    return dict(sorted(out.items()))
+
+
+def _float(value) -> float:
+  try:
+    return float(value)
+  except (TypeError, ValueError):
+    return float("nan")
+
+
+def write_text(path: PathLike, text: str) -> epath.Path:
+  """Replaces the file at `path` with `text` so that no reader or kill sees half of it: written
+  aside and renamed locally, one object upload on an object store. Returns the path."""
+  path = as_path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  if not is_local(path):
+    path.write_text(text)
+    return path
+  aside = path.parent / (path.name + ".tmp")
+  aside.write_text(text)
+  os.replace(aside, path)
+  return path
+
+
+def write_json(path: PathLike, obj: Any, **dumps_kwargs) -> epath.Path:
+  """`obj` as indented JSON (json.dumps keyword arguments pass through), via `write_text`."""
+  return write_text(path, json.dumps(obj, indent=2, **dumps_kwargs))
+
+
+def read_json(path: PathLike) -> Any:
+  """The JSON at `path`; a ValueError naming the file when it is not JSON."""
+  path = as_path(path)
+  try:
+    return json.loads(path.read_text())
+  except ValueError as e:
+    raise ValueError(f"{path} cannot be read as JSON ({e}).") from None
+
+
+@contextlib.contextmanager
+def staged_locally(path: PathLike, skip=(LOCK_FILE,)) -> Iterator[str]:
+  """A local folder for a single-host job whose writers need one (matplotlib figures, NumPy
+  feature caches, a demo's sub-runs): `path` itself when it is local. For an object store, a
+  temporary folder holding a copy of what `path` already has (so a rerun finds its earlier
+  outputs), copied back file by file when the job ends, also when it fails; `skip`: top-level
+  names neither copied down nor back (the claim's lock)."""
+  path = as_path(path)
+  if is_local(path):
+    yield os.fspath(path)
+    return
+  with tempfile.TemporaryDirectory(prefix="metonymy-staged-") as local:
+    if path.exists():
+      _copy_tree(path, epath.Path(local), skip)
+    try:
+      yield local
+    finally:
+      _copy_tree(epath.Path(local), path, skip)
+
+
+def _copy_tree(source: epath.Path, target: epath.Path, skip=()) -> None:
+  for entry in source.iterdir():
+    if entry.name in skip or entry.name.endswith(".tmp"):
+      continue
+    if entry.is_dir():
+      _copy_tree(entry, target / entry.name)
+    else:
+      target.mkdir(parents=True, exist_ok=True)
+      (target / entry.name).write_bytes(entry.read_bytes())
+
+
+def refresh(path: PathLike) -> None:
+  """Drops the listings fsspec caches for an object store (gcsfs never expires them), so that
+  listing `path` shows what other processes wrote since: a notebook reading a run that is still
+  training sees its newest checkpoint. Nothing on a local filesystem."""
+  if is_local(path):
+    return
+  import fsspec  # epath's own backend for gs:// (and s3://) without TensorFlow.
+  protocol = os.fspath(path).split("://", 1)[0]
+  # The same arguments as epath's, so this is the instance epath holds (fsspec caches them).
+  kwargs = {"finalize_on_close": True} if protocol in ("gs", "gcs") else {}
+  try:
+    fsspec.filesystem(protocol, **kwargs).invalidate_cache()
+  except (ImportError, ValueError):
+    pass  # No fsspec backend for it: epath then uses TensorFlow's, which caches no listings.

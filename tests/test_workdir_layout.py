@@ -1,0 +1,62 @@
+"""metonymy/workdir/layout.py: one place for a workdir's paths, its small files' readers and
+writers, and the local copy single-host jobs run in on an object store."""
+
+import json
+import os
+
+import pytest
+
+from metonymy.workdir import Workdir
+from metonymy.workdir import layout
+
+
+def test_paths_are_absolute_locally_and_urls_stay_urls(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  local = Workdir("runs/a")
+  assert os.fspath(local.checkpoints) == os.path.join(str(tmp_path), "runs", "a", "checkpoints")
+  assert local.is_local
+  remote = Workdir("gs://bucket/runs/a")
+  assert os.fspath(remote.model_file) == "gs://bucket/runs/a/model.json"
+  assert os.fspath(remote.sub("train").metrics_file) == "gs://bucket/runs/a/train/metrics.jsonl"
+  assert not remote.is_local
+  assert os.fspath(remote.image("eval/part_maps", 7)).endswith("images/eval_part_maps_0000007.png")
+
+
+def test_metric_records_by_prefix_and_a_bad_line_is_named(tmp_path):
+  files = Workdir(tmp_path)
+  lines = [{"step": 2, "eval/mAP": 0.5, "loss": 1.0}, {"step": 1, "eval/mAP": "nan"},
+           {"step": 3, "loss": 0.5}]
+  files.metrics_file.write_text("".join(json.dumps(r) + "\n" for r in lines))
+  records = files.metric_records("eval/")
+  assert list(records) == [1, 2] and records[2] == {"mAP": 0.5}
+  assert records[1]["mAP"] != records[1]["mAP"]  # "nan" -> NaN
+  files.metrics_file.write_text(json.dumps(lines[0]) + "\n{half a line\n")
+  with pytest.raises(ValueError, match=r"metrics.jsonl, line 2: not JSON"):
+    files.metric_records("eval/")
+
+
+def test_model_info_is_required_by_name_and_round_trips(tmp_path):
+  files = Workdir(tmp_path)
+  assert not files.is_training_workdir()
+  with pytest.raises(FileNotFoundError, match=r"model.json not found: .* is not a part-discovery"):
+    files.read_model_info()
+  files.write_model_info({"model": {"name": "stage1"}})
+  assert files.read_model_info() == {"model": {"name": "stage1"}}
+  assert files.read_config() is None
+  files.write_config({"job": "train"})
+  assert files.read_config() == {"job": "train"}
+  files.config_file.write_text("{not json")
+  with pytest.raises(ValueError, match=r"config.json cannot be read as JSON"):
+    files.read_config()
+
+
+def test_write_text_leaves_no_aside_file(tmp_path):
+  path = layout.write_text(tmp_path / "deep" / "report.md", "one")
+  layout.write_text(path, "two")
+  assert path.read_text() == "two"
+  assert sorted(os.listdir(tmp_path / "deep")) == ["report.md"]
+
+
+def test_a_local_workdir_is_its_own_staging_folder(tmp_path):
+  with layout.staged_locally(tmp_path / "run") as local:
+    assert local == os.fspath(tmp_path / "run")
