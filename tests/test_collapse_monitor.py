@@ -63,11 +63,11 @@ def test_one_part_with_95_percent_of_the_patches_is_a_collapse():
   assert scalars["collapsed"] == 1.0 and scalars["part_share/max"] == pytest.approx(0.95)
   warnings = evaluate.collapse_warnings(scalars)
   assert len(warnings) == 1
-  assert "part 3 (background) takes 95.0%" in warnings[0]
+  assert warnings[0].startswith("Part collapse: background takes 95.0%")
   # A foreground part collapses the same way.
   scalars = _scalars([1, 95, 2, 2])
   assert scalars["collapsed"] == 1.0
-  assert "part 1 takes 95.0%" in evaluate.collapse_warnings(scalars)[0]
+  assert "Part collapse: part 2 takes 95.0%" in evaluate.collapse_warnings(scalars)[0]
 
 
 def test_balanced_parts_are_not_a_collapse():
@@ -82,7 +82,8 @@ def test_an_empty_part_is_detected():
   scalars = _scalars([30, 0, 30, 40])
   assert scalars["part_share/num_empty"] == 1.0 and scalars["collapsed"] == 1.0
   warnings = evaluate.collapse_warnings(scalars)
-  assert len(warnings) == 1 and "part 1 of 3" in warnings[0] and "no patch" in warnings[0]
+  assert len(warnings) == 1 and "Empty part: part 2 of 3" in warnings[0]
+  assert "no patch" in warnings[0]
   # The background is not a part: a frame full of foreground parts is no collapse.
   assert _scalars([30, 30, 40, 0])["collapsed"] == 0.0
 
@@ -118,14 +119,14 @@ def test_report_lists_the_warnings_the_share_table_and_both_nmi_variants():
   text = evaluate.report_markdown(scalars, warnings, title="Training report", step=30,
                                   total_steps=30)
   assert "## Warnings" in text and f"- **{warnings[0]}**" in text
-  assert "| 3 (background) | 95.0% |" in text and "| 0 | 2.0% |" in text
+  assert "| background | 95.0% |" in text and "| part 1 | 2.0% |" in text
   assert "| K + 1 maps (background included) | 0.0 | 0.0 |" in text
   assert "| K foreground maps (MPAE) | 12.5 | 3.5 |" in text
   healthy = _scalars([25, 25, 20, 30])
   assert "None: no part holds more than 90%" in evaluate.report_markdown(
       healthy, [], title="t", step=1, total_steps=1)
   empty = _scalars([30, 0, 30, 40])
-  assert "| 1 | 0 (empty) |" in evaluate.report_markdown(
+  assert "| part 2 | 0 (empty) |" in evaluate.report_markdown(
       empty, evaluate.collapse_warnings(empty), title="t", step=1, total_steps=1)
 
 

@@ -134,7 +134,8 @@ def test_short_run_logs_part_shares_and_writes_the_report(reference):
   with open(os.path.join(workdir, "report.md")) as f:
     report = f.read()
   assert f"Evaluation at step {STEPS} of {STEPS}" in report
-  assert "| Part | Share | Soft mass |" in report and "| 5 (background) |" in report
+  assert "| Part | Share | Soft mass |" in report and "| background |" in report
+  assert "| part 1 |" in report and "| 0 |" not in report
   assert "| K foreground maps (MPAE) |" in report
   assert ("**Part collapse" in report) == (max(shares) > 0.9)
 

@@ -155,6 +155,12 @@ MUTANTS: Sequence[Mutant] = (
            ("tests/test_objective.py::test_each_term_norm_is_that_terms_own_gradient_at_the_prototypes"
             "[synthetic_single]",),
            "the mechanism's gradient norms take in the heads' gradient too"),
+    # A gs:// workdir must stay a URL: os.path would turn it into a local "gs:" folder.
+    Mutant("workdir_url_made_local", "metonymy/workdir/layout.py",
+           (("  return epath.Path(text if not is_local(text) else os.path.abspath(text))",
+             "  return epath.Path(os.path.abspath(text))"),),
+           ("tests/test_workdir_layout.py::test_paths_are_absolute_locally_and_urls_stay_urls",),
+           "a gs:// workdir is joined as a local path (the ./gs:/bucket folder)"),
     Mutant("paired_by_position", "metonymy/table3/stats.py",
            (("    seeds = sorted(s for v, s in by if v == variant and (baseline, s) in by)",
              "    seeds = [s for v, s in by if v == variant and (baseline, s) in by]"),

@@ -15,6 +15,7 @@ from metonymy import readme_blocks
 from metonymy.data import pipeline
 from metonymy.demo import subjobs
 from metonymy.demo import text
+from metonymy.evaluation import part_names as part_names_lib
 from metonymy.probe import masks as masks_lib
 from metonymy.probe import plots
 from metonymy.probe import report as probe_report
@@ -294,7 +295,7 @@ def part_map_figure(path: str, config, dirs: Dict[Tuple[str, int], str], seed: i
     axes[r][0].set_ylabel(title, fontsize=9)
   handles = [patches.Rectangle((0, 0), 1, 1, color=colours[k]) for k in range(num_parts)]
   true_names = ", ".join(f"{k + 1} {n}" for k, n in enumerate(source.info.part_names))
-  fig.legend(handles, [f"part {k + 1}" for k in range(num_parts)], loc="lower center",
+  fig.legend(handles, part_names_lib.discovered_names(num_parts), loc="lower center",
              ncol=num_parts, fontsize=8, title_fontsize=8,
              title=f"discovered parts 1..{num_parts} (ground-truth row: the true parts, "
                    f"{true_names}); background greyed")

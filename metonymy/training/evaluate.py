@@ -109,8 +109,9 @@ def part_share_scalars(won: np.ndarray, mass: np.ndarray,
 
 
 def part_label(k: int, num_parts: int) -> str:
-  """How report.md and the warnings name channel k of K + 1 (the last is the background)."""
-  return f"{k} (background)" if k == num_parts else str(k)
+  """How report.md and the warnings name channel k of K + 1 (scalars `part_share/<k>`): "part
+  k+1" for a discovered part (the part-map image's and the probe's name), "background" last."""
+  return part_names_lib.BACKGROUND if k == num_parts else part_names_lib.part_name(k)
 
 
 def collapse_warnings(scalars: Mapping[str, float],
@@ -126,13 +127,14 @@ def collapse_warnings(scalars: Mapping[str, float],
   warnings = []
   top = max(shares, key=lambda k: (shares[k], -k))
   if shares[top] > collapse_share:
-    warnings.append(f"Part collapse: part {part_label(top, num_parts)} takes "
+    warnings.append(f"Part collapse: {part_label(top, num_parts)} takes "
                     f"{100 * shares[top]:.1f}% of the evaluation patches (more than "
                     f"{100 * collapse_share:g}%).")
   empty = [k for k in range(num_parts) if shares[k] == 0]  # the background is not a part
   if empty:
     parts = "parts" if len(empty) > 1 else "part"
-    warnings.append(f"Empty {parts}: {parts} {', '.join(map(str, empty))} of {num_parts} "
+    names = ", ".join(part_label(k, num_parts) for k in empty)
+    warnings.append(f"Empty {parts}: {names} of {num_parts} "
                     f"{'win' if len(empty) > 1 else 'wins'} no patch on the whole evaluation set.")
   return warnings
 
@@ -414,7 +416,8 @@ def report_markdown(scalars: Mapping[str, float], warnings: Sequence[str], *, ti
   if num_channels:
     lines += ["", "## Share of the evaluation patches per part", "",
               "Share: patches whose argmax over the K + 1 maps is the part; soft mass: the part's "
-              "mean probability over the same patches.", "",
+              "mean probability over the same patches (channel k of `part_share/<k>` is part "
+              "k + 1).", "",
               "| Part | Share | Soft mass |", "|---|---|---|"]
     for k in range(num_channels):
       share = scalars[f"part_share/{k}"]
