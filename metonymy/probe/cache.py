@@ -15,6 +15,8 @@ from typing import Dict, List, Mapping
 
 import numpy as np
 
+from metonymy.workdir import layout
+
 
 def fingerprint(obj) -> str:
   """Short stable hash of a JSON-serializable object (key order does not matter)."""
@@ -55,7 +57,7 @@ class ChunkStore:
                          f"{directory} (or choose another features.cache_dir). On disk: "
                          f"{existing}; requested: {self.meta}")
     else:
-      _atomic_write_text(meta_path, json.dumps(self.meta, indent=2, sort_keys=True, default=str))
+      layout.write_text(meta_path, json.dumps(self.meta, indent=2, sort_keys=True, default=str))
 
   @property
   def num_chunks(self) -> int:
@@ -105,10 +107,3 @@ class ChunkStore:
     if not chunks:
       return {}
     return {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
-
-
-def _atomic_write_text(path: str, text: str) -> None:
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".tmp")
-  with os.fdopen(fd, "w") as f:
-    f.write(text)
-  os.replace(tmp, path)

@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import tempfile
+import uuid
 from typing import Any, Dict, Iterator, Optional, Union
 
 from etils import epath
@@ -163,7 +164,8 @@ def write_text(path: PathLike, text: str) -> epath.Path:
   if not is_local(path):
     path.write_text(text)
     return path
-  aside = path.parent / (path.name + ".tmp")
+  # A name of its own: two writers of one file (processes sharing a cache) never share it.
+  aside = path.parent / f"{path.name}.{uuid.uuid4().hex[:8]}.tmp"
   aside.write_text(text)
   os.replace(aside, path)
   return path
