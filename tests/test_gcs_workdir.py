@@ -35,13 +35,10 @@ def gcs():
 
 
 def _fresh_path(url):
-  """epath.Path(url) with gcsfs's listing caches dropped: another process wrote there, and
-  epath keeps using the filesystem instances it made."""
-  import gcsfs.core
-  from etils import epath
-  for filesystem in list(gcsfs.core.GCSFileSystem._cache.values()):
-    filesystem.invalidate_cache()
-  return epath.Path(url)
+  """epath.Path(url) with gcsfs's listing cache dropped (another process wrote there)."""
+  from metonymy.workdir import layout
+  layout.refresh(url)
+  return layout.as_path(url)
 
 
 def _main(args, cwd, env, timeout=600):
