@@ -345,6 +345,10 @@ def trainer(num_epochs: int = 30) -> ml_collections.ConfigDict:
       # Stage 1's prototypes (objective.term_gradient_norms), mean over this many unaugmented
       # training batches, logged as mechanism/grad_norm/<term>.
       "term_gradient_batches": 0,
+      # The chance row of NMI / ARI: k-means over the keypoint positions of this many training
+      # images (evaluation/position_baseline.py), scored beside the model as
+      # eval/parts/position_* (0 = off).
+      "position_baseline_examples": 1000,
       # A JAX profiler trace of this many steps after the first (0 = off), in WORKDIR/tensorboard.
       "profile_steps": 0,
   })

@@ -185,3 +185,43 @@ def test_registry_and_config_validation():
 
 def test_benchmark_runs():
   assert synthetic.benchmark_examples_per_second(SMALL, num_examples=20) > 0
+
+
+def test_evidence_fraction_confines_the_attributes_to_a_disc_of_each_part():
+  base_config = synthetic.SyntheticConfig(image_size=64, noise=0.0, occlusion_prob=0.0,
+                                          border_cut_prob=0.0, correlation=0.0)
+  config = base_config.replace(evidence_fraction=0.2)
+  src, whole = synthetic.SyntheticParts(config, "train"), synthetic.SyntheticParts(base_config)
+  tones = np.clip(src._palette, 0, 255).astype(np.uint8)  # [colours, 2, 3]
+  shares = []
+  for i in range(60):
+    ex, lat = src[i], src.latents(i)
+    assert "part_evidence" not in whole[i]  # evidence_fraction 1: every pixel is evidence
+    # The knob moves no other draw: the same pose, parts and attributes.
+    assert (ex["part_segmentation"] == whole[i]["part_segmentation"]).all()
+    assert (ex["attributes"] == whole[i]["attributes"]).all()
+    evidence = ex["part_evidence"]
+    assert not (evidence & (ex["part_segmentation"] == 0)).any()
+    for g in range(config.num_parts):
+      part = ex["part_segmentation"] == g + 1
+      if part.sum() < 30:
+        continue
+      colours = ex["image"][part & evidence]
+      plain = ex["image"][part & ~evidence]
+      # Inside the disc: the part's colour (and its pattern's tone); outside: one plain tone,
+      # which is no palette colour of any part of the image.
+      assert (colours[:, None] == tones[lat["color"][g]][None]).all(-1).any(-1).all(), (i, g)
+      assert len(np.unique(plain, axis=0)) == 1, (i, g)
+      assert not (plain[:1, None, None] == tones[None]).all(-1).any(), (i, g)
+      shares.append((part & evidence).sum() / part.sum())
+  # The disc covers the chosen fraction of the part's unit frame; overlaps shift it a little.
+  assert 0.12 < np.mean(shares) < 0.3, np.mean(shares)
+
+
+def test_pose_options_are_checked():
+  with pytest.raises(ValueError, match="evidence_fraction"):
+    synthetic.SyntheticConfig(evidence_fraction=0.0)
+  with pytest.raises(ValueError, match="max_rotation"):
+    synthetic.SyntheticConfig(max_rotation=190.0)
+  with pytest.raises(ValueError, match="min_translation"):
+    synthetic.SyntheticConfig(min_translation=1.5)

@@ -90,7 +90,7 @@ def test_short_run_lowers_the_loss_and_writes_everything(reference):
   # tests/test_part_discovery_regression.py checks that.
   for key in ("eval/stage1/mAP", "eval/stage1/AUROC"):
     assert 0.0 < scalars[key] <= 1.0, key
-  for key in ("eval/parts/NMI", "eval/parts/NMI_fg"):
+  for key in ("eval/parts/NMI", "eval/parts/NMI_fg", "eval/parts/position_NMI"):
     assert 0.0 <= scalars[key] <= 100.0, key
   for key in ("eval/parts/ARI", "eval/parts/ARI_fg"):
     assert -100.0 <= scalars[key] <= 100.0, key

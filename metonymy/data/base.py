@@ -14,6 +14,8 @@ a dict of NumPy arrays. Keys (absent when a dataset has no such annotation):
                                         which keypoint group each one belongs to
   keypoint_visible   bool    [M]
   part_segmentation  uint8   [H, W]     0 = background, g + 1 = keypoint group g (synthetic only)
+  part_evidence      bool    [H, W]     where a part shows its attributes (synthetic only, with
+                                        evidence_fraction < 1; elsewhere its plain tone)
   masks              bool    [T, H, W]  per-task localization masks (CheXlocalize)
   has_masks          bool    []         whether `masks` holds ground truth for this image
   label              int32   []         class / species / patient-level label where one exists

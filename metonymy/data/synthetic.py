@@ -95,8 +95,17 @@ class SyntheticConfig:
   border_cut_prob: float = 0.15  # P(the pose pushes the object partly out of the frame)
   clutter: int = 6  # background shapes
   noise: float = 5.0  # std of additive pixel noise (uint8 units)
-  max_rotation: float = 30.0  # degrees
+  max_rotation: float = 30.0  # degrees, either way (180: the full circle)
   scale_range: Tuple[float, float] = (0.36, 0.50)  # pixels per object unit / image_size
+  # The least translation range either way, as a fraction of image_size. The pose keeps the
+  # object's reach inside the frame where it can; where that leaves less room than this, the
+  # object moves this far regardless (and may touch the border).
+  min_translation: float = 0.06
+  # The share of each part's area that shows its colour and pattern: a disc at a random place
+  # inside each drawn shape. The rest of the part shows an attribute-free plain tone (one muted
+  # colour per image, shaded per part), so the part keeps its shape and place in the object while
+  # a mask over a fraction of it can miss its attributes. 1: the whole part (no plain region).
+  evidence_fraction: float = 1.0
   seed: int = 0
   splits: Tuple[Tuple[str, int], ...] = (("train", 10000), ("val", 1000), ("test", 2000))
 
@@ -115,10 +124,14 @@ class SyntheticConfig:
       raise ValueError(f"num_shapes must be 0, 2 or 3, got {self.num_shapes}")
     if self.num_species < 1:
       raise ValueError(f"num_species must be >= 1, got {self.num_species}")
-    for name in ("correlation", "occlusion_prob", "border_cut_prob"):
+    for name in ("correlation", "occlusion_prob", "border_cut_prob", "min_translation"):
       value = getattr(self, name)
       if not 0.0 <= value <= 1.0:
         raise ValueError(f"{name} must be in [0, 1], got {value}")
+    if not 0.0 < self.evidence_fraction <= 1.0:
+      raise ValueError(f"evidence_fraction must be in (0, 1], got {self.evidence_fraction}")
+    if not 0.0 <= self.max_rotation <= 180.0:
+      raise ValueError(f"max_rotation must be in [0, 180] degrees, got {self.max_rotation}")
     if self.clutter < 0 or self.noise < 0:
       raise ValueError("clutter and noise must be >= 0")
     if not 0 < self.scale_range[0] <= self.scale_range[1]:
@@ -224,11 +237,17 @@ def _ellipse_coef(centre, axes, cos, sin):
 
 # Colour codes of the single per-pixel map every layer writes into (np.maximum composites them,
 # each layer's codes being above the ones below): background texture levels, then clutter, then
-# two tones per object shape, then the occluder's two checker tones.
+# three per object shape (its plain tone, its colour, its pattern's second tone), then the
+# occluder's two checker tones.
 _LEVELS = 16
 # Patterns, in cycles per object unit (~3-4 px per stripe / spot cell at 64 px).
 _STRIPE_FREQ = 9.0
 _SPOT_FREQ = 8.0
+_CODES_PER_SHAPE = 3
+# The plain tone of parts outside their evidence (evidence_fraction < 1): muted, so that it
+# carries no palette colour, and shaded per part so that part borders stay visible.
+_PLAIN_RANGE = (70.0, 190.0)
+_PLAIN_SHADE = 25.0
 
 
 class _Draws:
@@ -302,15 +321,22 @@ class SyntheticParts:
     num_shapes = len(rows)
     self._clutter_base = _LEVELS
     self._object_base = _LEVELS + cfg.clutter
-    self._occluder_base = self._object_base + 2 * num_shapes
+    self._occluder_base = self._object_base + _CODES_PER_SHAPE * num_shapes
     self._num_codes = self._occluder_base + 2
     if self._num_codes > 256:  # codes are uint8
       raise ValueError(f"clutter={cfg.clutter} is too large: at most "
                        f"{256 - self._num_codes + cfg.clutter}")
     seg = np.zeros(self._num_codes, np.uint8)
-    seg[self._object_base:self._occluder_base] = np.repeat(self._shape_part + 1, 2)
+    seg[self._object_base:self._occluder_base] = np.repeat(self._shape_part + 1, _CODES_PER_SHAPE)
     self._segment_of_code = seg
-    self._shape_codes = (self._object_base + 2 * np.arange(num_shapes)).astype(np.uint8)
+    # Codes that show a part's attributes (its colour and its pattern's second tone).
+    evidence = np.zeros(self._num_codes, bool)
+    evidence[self._object_base:self._occluder_base] = np.tile(
+        np.arange(_CODES_PER_SHAPE) > 0, num_shapes)
+    self._evidence_of_code = evidence
+    # Code of each shape's plain tone; its colour and its pattern's second tone follow.
+    self._shape_codes = (self._object_base
+                         + _CODES_PER_SHAPE * np.arange(num_shapes)).astype(np.uint8)
     self._clutter_codes = np.arange(self._clutter_base, self._object_base).astype(np.uint8)
     # Pixel noise: uniform with std `noise`, read at a random offset of one fixed bank (drawing
     # fresh noise would cost more than the whole render).
@@ -318,6 +344,9 @@ class SyntheticParts:
     bank_rng = np.random.default_rng([cfg.seed, zlib.crc32(b"noise")])
     self._noise = bank_rng.uniform(-amplitude, amplitude, 2 * n * n * 3).astype(np.float32)
     self._num_draws = (self._num_latent_draws + 8 + 9 + 8 * cfg.clutter + 15 + 1)
+    # The evidence discs' and plain tones' draws come after every other draw, so a world with
+    # evidence_fraction 1 renders exactly as before the knob existed.
+    self._num_evidence_draws = 2 * num_shapes + 3 + 3 * cfg.num_parts
 
   @property
   def _num_latent_draws(self) -> int:
@@ -362,7 +391,8 @@ class SyntheticParts:
 
   def __getitem__(self, index) -> Dict[str, np.ndarray]:
     index = self._check_index(index)
-    draws = _Draws(self._rng(index).random(self._num_draws))
+    block = self._rng(index).random(self._num_draws + self._num_evidence_draws)
+    draws, evidence_draws = _Draws(block[:self._num_draws]), _Draws(block[self._num_draws:])
     cfg = self.config
     n = cfg.image_size
     lat = self._draw_latents(draws)
@@ -373,7 +403,7 @@ class SyntheticParts:
     cos, sin = _rotation(draws.uniform(-cfg.max_rotation, cfg.max_rotation))
     scale = n * draws.uniform(*cfg.scale_range)
     # Keep the object's reach inside the frame, unless this example is cut by the border.
-    slack = max(0.5 * n - _OBJECT_RADIUS * scale, 0.06 * n)
+    slack = max(0.5 * n - _OBJECT_RADIUS * scale, cfg.min_translation * n)
     t = 0.5 * n + draws.uniform(-slack, slack, 2)
     cut, angle, distance = draws.uniform(size=3)
     if cut < cfg.border_cut_prob:
@@ -401,7 +431,7 @@ class SyntheticParts:
       if cfg.num_shapes == 3:
         inside = np.where(shape_of == 2, au + av <= 1, inside)
     pattern_of = self._pattern_ids[lat["pattern"]][self._shape_part][:, None, None]
-    tone = self._shape_codes[:, None, None]
+    tone = self._shape_codes[:, None, None] + 1  # the part's colour
     if (pattern_of == 1).any():
       stripes = np.floor(f[:, 2]).astype(np.int32) & 1
       tone = np.where(pattern_of == 1, tone + stripes, tone)
@@ -409,11 +439,18 @@ class SyntheticParts:
       phase = f[:, 3:5] - np.floor(f[:, 3:5]) - 0.5
       spots = (phase * phase).sum(1) < 0.09
       tone = np.where(pattern_of == 2, tone + spots, tone)
+    if cfg.evidence_fraction < 1:
+      tone = np.where(self._evidence_disc(evidence_draws, f[:, 0], f[:, 1]), tone,
+                      self._shape_codes[:, None, None])
     if inside.size:
       window = code[r0:r1, c0:c1]
       np.maximum(window, np.where(inside, tone, 0).max(0).astype(np.uint8), out=window)
-    table[self._object_base:self._occluder_base] = (
-        self._palette[lat["color"]][self._shape_part].reshape(-1, 3))
+    shape_tones = table[self._object_base:self._occluder_base].reshape(-1, _CODES_PER_SHAPE, 3)
+    shape_tones[:, 1:] = self._palette[lat["color"]][self._shape_part]
+    if cfg.evidence_fraction < 1:
+      plain = evidence_draws.uniform(*_PLAIN_RANGE, size=3)
+      shade = evidence_draws.uniform(-_PLAIN_SHADE, _PLAIN_SHADE, (cfg.num_parts, 3))
+      shape_tones[:, 0] = np.clip(plain + shade, 0, 255)[self._shape_part]
 
     # Keypoints: canonical points through the pose.
     kx, ky = mirror * self._keypoints[:, 0], self._keypoints[:, 1]
@@ -444,7 +481,7 @@ class SyntheticParts:
     attributes[self._offsets[:, 1] + lat["pattern"]] = 1.0
     if cfg.num_shapes:
       attributes[self._offsets[:, 2] + lat["shape"]] = 1.0
-    return {
+    example = {
         "image": image,
         "attributes": attributes,
         "attribute_valid": np.ones(self._info.num_attributes, bool),
@@ -454,6 +491,18 @@ class SyntheticParts:
         "label": np.int32(lat["species"]),
         "index": np.int64(index),
     }
+    if cfg.evidence_fraction < 1:
+      example["part_evidence"] = np.take(self._evidence_of_code, code)
+    return example
+
+  def _evidence_disc(self, draws: _Draws, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """bool [S, h, w]: where each shape shows its part's attributes, a disc of evidence_fraction
+    of the unit disc (each shape's own frame, u, v [S, h, w]) at a uniform place inside it."""
+    radius = math.sqrt(self.config.evidence_fraction)
+    reach = (1.0 - radius) * np.sqrt(draws.uniform(size=len(u)))
+    angle = draws.uniform(0.0, 2 * np.pi, len(u))
+    cu, cv = (reach * np.cos(angle))[:, None, None], (reach * np.sin(angle))[:, None, None]
+    return (u - cu) ** 2 + (v - cv) ** 2 <= radius * radius
 
   def _background(self, draws: _Draws, table: np.ndarray) -> np.ndarray:
     """Codes uint8 [H, W] of a muted plane-wave texture under random ellipses (clutter)."""

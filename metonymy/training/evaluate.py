@@ -293,7 +293,8 @@ def part_overlay(images: np.ndarray, maps: np.ndarray, mean, std, *,
 def evaluate(predict: Callable[[Dict[str, np.ndarray]], Dict[str, Any]],
              batches: Iterable[Dict[str, np.ndarray]], *, image_mean, image_std,
              num_images: int = 8, keypoint_group: Optional[Sequence[int]] = None,
-             keypoint_group_names: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+             keypoint_group_names: Optional[Sequence[str]] = None,
+             position_baseline=None) -> Dict[str, Any]:
   """Runs `predict` over the evaluation batches and computes the metrics above.
 
   Args:
@@ -306,6 +307,8 @@ def evaluate(predict: Callable[[Dict[str, np.ndarray]], Dict[str, Any]],
       (`DatasetInfo.keypoint_group_ids`); None: keypoint m is group m.
     keypoint_group_names: the G group names (`DatasetInfo.keypoint_groups`), for the overlay's
       ground-truth legend and its parts' best matches ("part 3 (≈ wing)"); None: "group g".
+    position_baseline: an `evaluation.position_baseline.PositionBaseline` fit on the training
+      split; when given, its NMI / ARI at the same keypoints (`parts/position_*`, the chance row).
 
   Returns:
     {"scalars": {name: float}, "image": uint8 [H, W, 3] `part_overlay` of the first images (a
@@ -315,6 +318,7 @@ def evaluate(predict: Callable[[Dict[str, np.ndarray]], Dict[str, Any]],
   logits: Dict[str, List[np.ndarray]] = {}
   labels, label_valid = [], []
   parts_all, parts_fg = [], []  # int [S, M]: the part under each keypoint, -1 if not visible
+  position_parts = []  # int [S, M]: the position baseline's cluster of each visible keypoint
   num_parts = None
   won = mass = 0.0  # float [K+1]: argmax wins and soft mass per channel, summed over the set
   shown: Optional[Dict[str, Any]] = None  # the overlay's inputs, from the first batch
@@ -335,6 +339,9 @@ def evaluate(predict: Callable[[Dict[str, np.ndarray]], Dict[str, Any]],
       visible = np.asarray(out["keypoint_visible"], bool)[valid]
       parts_all.append(np.where(visible, np.argmax(read, -1), part_metrics.INVISIBLE))
       parts_fg.append(np.where(visible, np.argmax(read[..., :-1], -1), part_metrics.INVISIBLE))
+      if position_baseline is not None:
+        position_parts.append(position_baseline.keypoint_part(
+            np.asarray(out["keypoints"])[valid], visible, image_hw))
     if shown is None and num_images:
       local = np.asarray(host_batch["image"])[:num_images]
       # The global batch's first rows are this process's first examples on process 0.
@@ -365,6 +372,9 @@ def evaluate(predict: Callable[[Dict[str, np.ndarray]], Dict[str, Any]],
     scalars.update({"parts/NMI": with_bg["nmi"], "parts/ARI": with_bg["ari"],
                     "parts/NMI_fg": fg_only["nmi"], "parts/ARI_fg": fg_only["ari"],
                     "parts/num_keypoints": with_bg["num_points"]})
+    if position_parts:
+      scalars.update(position_baseline.score_parts(np.concatenate(position_parts),
+                                                   keypoint_group=keypoint_group))
   if len(labels_np):
     scalars.update(part_share_scalars(won, mass))
   scalars["num_examples"] = float(len(labels_np))
@@ -411,6 +421,10 @@ def report_markdown(scalars: Mapping[str, float], warnings: Sequence[str], *, ti
               f"{_number(scalars['parts/ARI'], 1)} |",
               f"| K foreground maps (MPAE) | {_number(scalars.get('parts/NMI_fg'), 1)} | "
               f"{_number(scalars.get('parts/ARI_fg'), 1)} |"]
+    if "parts/position_NMI" in scalars:
+      lines += [f"| chance: keypoint position alone (k-means on the training keypoints) | "
+                f"{_number(scalars['parts/position_NMI'], 1)} | "
+                f"{_number(scalars['parts/position_ARI'], 1)} |"]
   num_channels = sum(1 for name in scalars
                      if name.startswith("part_share/") and name.rsplit("/", 1)[1].isdigit())
   if num_channels:

@@ -12,6 +12,7 @@ import numpy as np
 from metonymy import data as data_lib
 from metonymy.data import pipeline
 from metonymy.data import transforms
+from metonymy.evaluation import position_baseline as position_baseline_lib
 
 TRAIN_KEYS = ("image", "attributes", "attribute_valid")
 EVAL_KEYS = TRAIN_KEYS + ("valid", "keypoints", "keypoint_visible")
@@ -77,3 +78,26 @@ def eval_pipeline(source, data_config, mean, std, batch_size: int):
 
 def device_keys(batch: Dict[str, np.ndarray], keys) -> Dict[str, np.ndarray]:
   return {k: batch[k] for k in keys if k in batch}
+
+
+def position_baseline(source, data_config, num_clusters: int, examples: int, seed: int = 0):
+  """The position-only partition (evaluation/position_baseline.py) fit on the keypoints of the
+  first `examples` images of `source` as the evaluation sees them (its resize and crop), or None
+  when the dataset has no keypoints. Pixels are decoded only to move the keypoints with them."""
+  prepare = transforms.Compose([
+      _Select(("image", "keypoints", "keypoint_visible")),
+      transforms.standard(data_config.image_size, train=False, mean=(0.0,) * 3,
+                          std=(1.0,) * 3)])
+  keypoints, visible, image_hw = [], [], None
+  for index in range(min(int(examples), len(source))):
+    example = source[index]
+    if "keypoints" not in example:
+      return None
+    example = prepare(example)
+    image_hw = example["image"].shape[:2]
+    keypoints.append(example["keypoints"])
+    visible.append(example["keypoint_visible"])
+  if not keypoints:
+    return None
+  return position_baseline_lib.fit(np.stack(keypoints), np.stack(visible), image_hw, num_clusters,
+                                   seed=seed)
