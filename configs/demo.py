@@ -25,40 +25,51 @@ feature to predict part k's attributes is leakage:
 Every block is a full sub-config, so any key can be overridden, e.g.
 --config.single.trainer.num_steps=400 or --config.benchmark.evaluation.bootstrap=0.
 arg (flags): none for the demo; `tiny`, a smoke run for tests (well under a minute of compute);
-`stand_in`, step 1 alone: pretrain the stand-in anew and write it where the demo finds it,
-metonymy/assets/demo_stand_in_world<seed>.{npz,json} (the command that made the shipped files,
-one per world seed: add --config.world.seed=N).
+`world=v1|v2`, the world (WORLDS below; v1 for now); `stand_in`, step 1 alone: pretrain the
+stand-in anew and write it where the demo finds it, metonymy/assets/<stand_in_name>.{npz,json}
+(the command that made the shipped files, one per world seed: add --config.world.seed=N).
 """
 
 import ml_collections
 
 from metonymy import config_lib
 
-# "full" (the demo) or "tiny" (arg `tiny`) -> image size, (train, val, test) world examples, pretraining steps, training steps of
-#   the single-stage and the two-stage model (two-stage steps cost ~6x more: K+1 isolated
-#   streams and a trainable ViT), training batch, evaluation examples, bootstrap resamples,
-#   causal-leakage images. The default fits 10 minutes on 2 shared CPU cores with margin
-#   (README gives the measured time).
+# "full" (the demo) or "tiny" (arg `tiny`) -> (train, val, test) world examples, pretraining
+#   steps, training steps of the single-stage and the two-stage model (two-stage steps cost ~6x
+#   more: K+1 isolated streams and a trainable ViT), training batch, evaluation examples,
+#   bootstrap resamples, causal-leakage images. The default fits 10 minutes on 2 shared CPU
+#   cores with margin on world v1 (README gives the measured time); `tiny` renders at 32 px.
 SIZES = {
-    "full": dict(image_size=64, depth=4, splits=(8000, 500, 1000), pretrain_steps=3000,
+    "full": dict(depth=4, splits=(8000, 500, 1000), pretrain_steps=3000,
              probe_train=2000, single_steps=1000, two_stage_steps=1000, train_batch=16,
              eval_examples=256, bootstrap=100, leakage_images=128),
     "tiny": dict(image_size=32, depth=2, splits=(96, 48, 64), pretrain_steps=10, probe_train=0,
                  single_steps=3, two_stage_steps=3, train_batch=4, eval_examples=8, bootstrap=10,
                  leakage_images=16),
 }
-# The world's pose and evidence (docs/experiments.md, "The world", has the world checks on
-# `val` they were chosen by; `python -m metonymy.data world-check` prints them). Pose: the full
-# circle of rotations, objects at 50-65% of the image per object unit and a translation of at
-# least 18% of the image either way, so that where a patch lies does not say which part it is
-# (the position-only partition scores NMI 7-9 on world seeds 0-2; 41 on the earlier world with
-# rotation within 30 degrees). Evidence: each part shows its colour and pattern on a disc of 15%
-# of its area, the rest in a plain tone, so that a mask over a quarter of a part misses its
-# evidence about a third of the time while the whole part shows it (0.85-0.99).
-SCALE_RANGE = (0.5, 0.65)
-MAX_ROTATION = 180.0
-MIN_TRANSLATION = 0.18
-EVIDENCE_FRACTION = 0.15
+# The worlds (arg `world=`): the resolution and the SyntheticConfig options of pose and evidence
+# that differ from the world's defaults. Each world has its own shipped stand-ins
+# (`stand_in_name`, one per world seed, in metonymy/assets/).
+#   v1: rotation within 30 degrees, every pixel of a part shows its attributes, 48 px (12 x 12
+#     patches). Objects at 55-70% of the image per object unit (the world's default is 36-50%):
+#     at 48 px the default leaves 89.5% of the patches to the background and the legs under a
+#     patch wide. Where a keypoint lies says which part it is (the position-only partition scores
+#     NMI 41 / ARI 37 on world seed 0), and one patch of a part shows its attributes.
+#   v2: the world that can test part discovery (docs/experiments.md, "The world", has the world
+#     checks on `val` it was chosen by; `python -m metonymy.data world-check` prints them): the
+#     full circle of rotations, objects at 50-65% of the image per object unit, a translation of
+#     at least 18% of the image either way (the position-only partition scores NMI 7-9 / ARI 6-8
+#     on world seeds 0-2), and each part's colour and pattern on a disc of 15% of its area, the
+#     rest in a plain tone (a contiguous quarter of a part misses its evidence about a third of
+#     the time; the whole part shows it 85-99% of the time). 64 px: 16 x 16 patches.
+WORLDS = {
+    "v1": dict(image_size=48, stand_in_name="demo_stand_in_world{seed}",
+               options={"scale_range": (0.55, 0.7)}),
+    "v2": dict(image_size=64, stand_in_name="demo_stand_in_v2_world{seed}",
+               options={"scale_range": (0.5, 0.65), "max_rotation": 180.0,
+                        "min_translation": 0.18, "evidence_fraction": 0.15}),
+}
+WORLD = "v1"
 PATCH = 4
 # Stage 2's ViT learning rate at batch 64 (square-root scaled like every rate). The paper's 2e-6
 # (config_lib.part_optimizer) moves the stand-in's ViT by ~7e-4 of its norm over the demo's
@@ -69,21 +80,19 @@ PATCH = 4
 STAGE2_BACKBONE_RATE = 1e-4
 
 
-def world(image_size: int, splits, correlation: float = 0.0, seed: int = 0) -> dict:
+def world(size: dict, correlation: float = 0.0, seed: int = 0) -> dict:
   """SyntheticConfig options of the demo's world (rendered at the model's resolution). `seed`
   (config.world.seed) draws the species schemes and every example: each step of the demo reads
   this one world."""
-  n_train, n_val, n_test = splits
-  return {"image_size": image_size, "correlation": float(correlation), "seed": int(seed),
-          "scale_range": SCALE_RANGE, "max_rotation": MAX_ROTATION,
-          "min_translation": MIN_TRANSLATION, "evidence_fraction": EVIDENCE_FRACTION,
-          "splits": {"train": n_train, "val": n_val, "test": n_test}}
+  n_train, n_val, n_test = size["splits"]
+  return {"image_size": size["image_size"], "correlation": float(correlation), "seed": int(seed),
+          **size["world_options"], "splits": {"train": n_train, "val": n_val, "test": n_test}}
 
 
 def benchmark_config(size: dict, correlation: float = 0.0) -> ml_collections.ConfigDict:
   """The probe job of step 2: one seed, ground-truth masks; backbone.checkpoint is set by the
   demo to the backbone it pretrained (or given on the command line)."""
-  image_size, splits = size["image_size"], size["splits"]
+  image_size = size["image_size"]
   config = ml_collections.ConfigDict()
   config.job = "probe"
   config.seeds = (0,)
@@ -91,7 +100,7 @@ def benchmark_config(size: dict, correlation: float = 0.0) -> ml_collections.Con
   config.backbone = config_lib.backbone(checkpoint="", image_size=image_size)
   config.backbone_name = "demo-vit"
   config.data = config_lib.probe_data("synthetic", val="val", max_train=size["probe_train"],
-                                      options=world(image_size, splits, correlation))
+                                      options=world(size, correlation))
   config.masks = config_lib.part_masks("ground_truth")
   config.backbone_pretraining = config_lib.backbone_pretraining()
   config.features = config_lib.part_features(batch_size=64, chunk_size=256)
@@ -112,7 +121,7 @@ def training_config(config_file: str, name: str, size: dict, steps: int,
   image_size = size["image_size"]
   config.backbone.image_size = image_size
   config.data.image_size = image_size
-  config.data.options = world(image_size, size["splits"], correlation)
+  config.data.options = world(size, correlation)
   config.data.batch_size = size["train_batch"]
   config.data.eval_batch_size = size["train_batch"]
   config.data.eval_examples = size["eval_examples"]
@@ -128,8 +137,12 @@ def training_config(config_file: str, name: str, size: dict, steps: int,
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-  arg = config_lib.parse_arg(arg, tiny=False, stand_in=False)
-  size = SIZES["tiny" if arg.tiny else "full"]
+  arg = config_lib.parse_arg(arg, tiny=False, stand_in=False, world=WORLD)
+  if arg.world not in WORLDS:
+    raise ValueError(f"Config argument world={arg.world!r}: expected one of {sorted(WORLDS)}.")
+  chosen = WORLDS[arg.world]
+  size = dict(SIZES["tiny" if arg.tiny else "full"], world_options=chosen["options"])
+  size.setdefault("image_size", chosen["image_size"])
   image_size = size["image_size"]
   config = ml_collections.ConfigDict()
   config.job = "demo"
@@ -139,7 +152,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   config.seed = 0
   config.stand_in_seed = 0  # the stand-in's init and pretraining (the shipped ones: 0)
   config.readme = ""  # a README path: rewrite its <!-- demo:results:begin/end --> block
-  config.world = ml_collections.ConfigDict(world(image_size, size["splits"]))
+  config.world_name = arg.world
+  config.world = ml_collections.ConfigDict(world(size))
   # Step 1: the stand-in for DINO. Ignored when benchmark.backbone.checkpoint is given.
   config.backbone = config_lib.random_backbone(
       patch_size=PATCH, width=64, depth=size["depth"], num_heads=4, mlp_dim=128,
@@ -149,6 +163,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # Use the stand-in shipped in metonymy/assets/ when it was made by exactly this recipe (arch,
   # seed, pretraining, world); otherwise (or with False) pretrain it here.
   config.backbone_pretraining.shipped = not (arg.tiny or arg.stand_in)
+  # The shipped stand-ins of this world: metonymy/assets/<name>.{npz,json}, per world seed.
+  config.stand_in_name = chosen["stand_in_name"]
   # mode "stand_in" writes the pretrained stand-in to this path prefix (.npz + .json).
   config.stand_in_output = ""
   config.benchmark = benchmark_config(size)
@@ -156,5 +172,5 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   config.two_stage = training_config(__file__, "synthetic_ste", size, size["two_stage_steps"])
   if arg.stand_in:  # Step 1 alone, pretraining anew: how metonymy/assets/ was made.
     config.mode = "stand_in"
-    config.stand_in_output = "metonymy/assets/demo_stand_in_world{seed}"
+    config.stand_in_output = "metonymy/assets/" + config.stand_in_name
   return config

@@ -29,7 +29,8 @@ optimizer with its square-root scaled rates. Scored on `test`; every choice belo
     (val NMI 35.3 at 1,000 steps). The choice goes by single-stage's val NMI; it does not
     favour two-stage: on val, without the priors, STE's NMI is below single-stage's (25.0).
 
-arg: `small` (a tiny world, 2 run seeds, seconds of training: the test), `paper_stage2_rate`,
+arg: `small` (a tiny world, 2 run seeds, seconds of training: the test), `world=v1|v2`
+(configs/demo.py's WORLDS), `paper_stage2_rate`,
 `priors=paper|off`, `split=val|test` (the evaluation split; val for counterfactuals).
 """
 
@@ -47,12 +48,13 @@ PRIOR_WEIGHTS = ("orthogonality", "total_variation", "equivariance", "foreground
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
   arg = config_lib.parse_arg(arg, small=False, paper_stage2_rate=False, priors=PRIORS,
-                             split="test", demo_length=False)
+                             split="test", demo_length=False, world="v1")
   if arg.priors not in ("paper", "off"):
     raise ValueError(f"Config argument priors={arg.priors!r}: expected 'paper' or 'off'.")
   if arg.split not in ("val", "test"):
     raise ValueError(f"Config argument split={arg.split!r}: expected 'val' or 'test'.")
-  demo = config_lib.load_sibling_config(__file__, "demo", "tiny" if arg.small else "")
+  demo = config_lib.load_sibling_config(
+      __file__, "demo", ",".join(["tiny"] * arg.small + [f"world={arg.world}"]))
   config = ml_collections.ConfigDict()
   config.job = "table3"
   config.seeds = (0, 1) if arg.small else (0, 1, 2)  # run seeds, each paired across variants
@@ -64,6 +66,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   config.backbone = demo.backbone
   config.backbone_pretraining = demo.backbone_pretraining
   config.stand_in_seed = demo.stand_in_seed
+  config.world_name = demo.world_name
+  config.stand_in_name = demo.stand_in_name
   config.stand_in_output = ""
   # PS and MPPO of every trained model: the probe job on its discovered parts, late masking of
   # the frozen stand-in for single-stage, early masking of the trained Stage-2 ViT for two-stage.

@@ -109,7 +109,7 @@ def test_shipped_stand_in_loads_and_matches_the_demo_recipe(seed):
   architecture, and its recorded quality on val is well above chance."""
   config = config_lib.load_sibling_config(CONFIG_FILE, "demo", "")
   config.world.seed = seed
-  prefix = stand_in.shipped_stand_in(seed)
+  prefix = stand_in.shipped_stand_in(config, seed)
   vit_config, params, heads, record = pretrain.load_stand_in(prefix)
   assert record["recipe"] == stand_in.stand_in_recipe(config, config.world)
   assert record["command"].endswith(f"--config.world.seed={seed} --workdir=DIR")

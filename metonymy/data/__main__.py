@@ -8,6 +8,7 @@
   python -m metonymy.data check --dataset chexpert --root /data/CheXpert-v1.0-small \
       --chexpert-uncertainty zeros [--chexpert-frontal-only]
   python -m metonymy.data check --dataset synthetic      # --root is ignored
+  python -m metonymy.data world-check --config=configs/demo.py:world=v2 [--config.world.seed=1]
 
 Every listed image must exist; the first 16 of each split are decoded, or all of them with
 --all-images (a progress line on stderr; every bad file is listed at the end, not only the first).
@@ -17,6 +18,10 @@ A missing or malformed file exits with status 1 and the message on stderr.
 export-synthetic writes the first N examples of each split (train, val, test) of the synthetic
 world in the folder format (PNG images and part masks), a worked example of that format; read
 back with --dataset folder they are the built-in source's examples bit for bit.
+
+world-check measures whether a synthetic world hosts the claims it tests (the position
+baseline, where a part's evidence is, the masking mechanism on a backbone that learned the world,
+what the priors charge the truth); its flags are metonymy/world_check.py's.
 
 make-fixture writes a miniature CUB, CelebA or CheXpert (+ CheXlocalize) in the official layout
 (data/fixtures.py: noise images, a few dozen rows), so that a real dataset's configs run end to
@@ -50,6 +55,11 @@ class _Progress:
 
 
 def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if argv[:1] == ["world-check"]:  # absl flags of its own (a config and its overrides)
+    from metonymy import world_check
+    world_check.run(argv[1:])
+    return 0
   parser = argparse.ArgumentParser(prog="python -m metonymy.data")
   sub = parser.add_subparsers(dest="command", required=True)
   check = sub.add_parser("check", help="validate a dataset folder; last stdout line is JSON")

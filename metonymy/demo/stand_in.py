@@ -26,9 +26,19 @@ BACKBONE_DIR = layout.BACKBONE_DIR  # DIR/backbone: a converted backbone folder
 STAND_IN_FILE = "stand_in"  # DIR/backbone/stand_in.{npz,json}: the heads and the record
 
 
-def shipped_stand_in(world_seed: int) -> str:
-  """Path prefix of the stand-in shipped for a world seed (it may not exist)."""
-  return os.path.join(ASSETS, f"demo_stand_in_world{int(world_seed)}")
+def shipped_stand_in(config, world_seed: int) -> str:
+  """Path prefix of the stand-in shipped for the config's world (config.stand_in_name) and a
+  world seed (it may not exist)."""
+  name = config.get("stand_in_name", "demo_stand_in_world{seed}")
+  return os.path.join(ASSETS, name.format(seed=int(world_seed)))
+
+
+def stand_in_command(config, world) -> str:
+  """The command that pretrains this stand-in anew (mode "stand_in")."""
+  arg = "stand_in" + (f",world={config.world_name}" if config.get("world_name", "v1") != "v1"
+                      else "")
+  return (f"python -m metonymy.main --config=configs/demo.py:{arg} "
+          f"--config.world.seed={int(world.seed)} --workdir=DIR")
 
 
 def _seed(config) -> int:
@@ -65,8 +75,7 @@ def pretrain_stand_in(config, world):
   trained = pretrain.pretrain(model, params, source, transforms, seed=_seed(config),
                               **probe_job.pretrain_options(pre))
   record = {"recipe": stand_in_recipe(config, world),
-            "command": "python -m metonymy.main --config=configs/demo.py:stand_in "
-                       f"--config.world.seed={int(world.seed)} --workdir=DIR",
+            "command": stand_in_command(config, world),
             "date": datetime.datetime.now().isoformat(timespec="seconds")}
   return vit_config, trained, record
 
@@ -108,7 +117,7 @@ def pretrained_backbone(config, workdir: str, world) -> Tuple[str, Optional[Dict
     console.console(f"[demo] reusing the backbone pretrained earlier in {path}")
     vit_config, params, heads, record = pretrain.load_stand_in(prefix)
   else:
-    shipped = shipped_stand_in(world.seed)
+    shipped = shipped_stand_in(config, world.seed)
     record = None
     if config.backbone_pretraining.get("shipped") and os.path.exists(shipped + ".json"):
       if pretrain.read_stand_in_record(shipped).get("recipe") == recipe:

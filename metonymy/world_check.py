@@ -1,0 +1,312 @@
+r"""Does a synthetic world host the claims it is meant to test? Measured before any experiment.
+
+  python -m metonymy.data world-check --config=configs/demo.py:world=v2 [--config.world.seed=1]
+  python -m metonymy.world_check --config=configs/demo.py:world=v2 --backbone=DIR   # the same
+
+`--config` is a demo or Table-3 config; its `world` block is the world checked (override any
+SyntheticConfig option as --config.world.<option>=value). Everything is measured on `--split`
+(val; never test), with training images only where something is fit. Printed, and with
+--output also written as JSON:
+
+  1. The position baseline (evaluation/position_baseline.py): k-means with K clusters over the
+     training keypoints' positions, scored at the split's keypoints as a model's parts are. Part
+     discovery is only measurable above it.
+  2. Where a part's evidence is, by construction: the share of parts whose patches (plurality
+     rule on the patch grid) hold some of their evidence pixels, as a whole and in a contiguous
+     quarter of them (the ceil(n/4) patches nearest a random patch of the part: a lazy mask).
+  3. The mechanism, with a backbone that learned the world (`--backbone`, a converted folder;
+     default: the world's shipped stand-in when its recipe matches): logistic probes from part
+     k's early- and late-masked feature to part k's colour and pattern, from the whole part and
+     from a contiguous quarter of it. The mechanism the two-stage claim rests on is present when
+     early masking loses at least 0.2 accuracy from a quarter while late masking loses clearly
+     less: the leakage of late masking fills the gap a partial mask leaves.
+  4. What the paper's part-shaping priors charge the ground-truth parts on the patch grid.
+"""
+
+import json
+import os
+import sys
+from typing import Dict, Optional
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+import numpy as np
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "A demo or Table-3 config (configs/demo.py[:world=v2]); its `world` block is "
+    "the world checked.", lock_config=True)
+_BACKBONE = flags.DEFINE_string(
+    "backbone", "", "A converted backbone folder for the mechanism probes (default: the world's "
+    "shipped stand-in when its recipe matches; none: the probes are skipped).")
+_SPLIT = flags.DEFINE_string("split", "val", "The split measured (val; test is for results).")
+_TRAIN_IMAGES = flags.DEFINE_integer("train_images", 1500, "Training images the probes and the "
+                                     "position baseline are fit on.")
+_IMAGES = flags.DEFINE_integer("images", 500, "Images of --split measured.")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the quarters and the k-means.")
+_OUTPUT = flags.DEFINE_string("output", "", "Also write the numbers to this JSON file.")
+
+QUARTER = 0.25
+# The mechanism is present when early masking loses at least this much colour accuracy from a
+# quarter of each part, and late masking at least MARGIN less than early masking.
+EARLY_GAP, MARGIN = 0.2, 0.1
+
+
+def contiguous_quarters(part_ids: np.ndarray, num_parts: int, rng: np.random.Generator,
+                        fraction: float = QUARTER) -> np.ndarray:
+  """int32 [B, h, w]: each part reduced to the ceil(fraction * n) of its n patches nearest a
+  random patch of it (ties broken at random); the rest of its patches become background (K)."""
+  out = np.full_like(part_ids, num_parts)
+  for b in range(part_ids.shape[0]):
+    for k in range(num_parts):
+      cells = np.argwhere(part_ids[b] == k)
+      if not len(cells):
+        continue
+      keep = max(1, int(np.ceil(fraction * len(cells))))
+      centre = cells[rng.integers(len(cells))]
+      distance = ((cells - centre) ** 2).sum(1) + rng.uniform(0, 0.5, len(cells))
+      chosen = cells[np.argsort(distance)[:keep]]
+      out[b, chosen[:, 0], chosen[:, 1]] = k
+  return out
+
+
+def _examples(source, count: int):
+  return [source[i] for i in range(min(count, len(source)))]
+
+
+def position_baseline_scores(train, test, image_size: int, num_parts: int,
+                             seed: int) -> Dict[str, float]:
+  from metonymy.evaluation import position_baseline
+  stack = lambda examples, key: np.stack([e[key] for e in examples])
+  size = (image_size, image_size)
+  baseline = position_baseline.fit(stack(train, "keypoints"), stack(train, "keypoint_visible"),
+                                   size, num_parts, seed=seed)
+  scores = baseline.scores(stack(test, "keypoints"), stack(test, "keypoint_visible"), size)
+  return {"NMI": scores["parts/position_NMI"], "ARI": scores["parts/position_ARI"]}
+
+
+def evidence_geometry(test, num_parts: int, patch_size: int,
+                      rng: np.random.Generator) -> Optional[Dict[str, list]]:
+  """Per part: the share of images where its patches hold some of its evidence pixels, whole
+  and in a contiguous quarter. None for a world whose parts show their attributes everywhere."""
+  from metonymy.probe import masks
+  if "part_evidence" not in test[0]:
+    return None
+  segmentation = np.stack([e["part_segmentation"] for e in test])
+  evidence = np.stack([e["part_evidence"] for e in test])
+  ids, _ = masks.patch_part_ids(masks.segmentation_part_labels(segmentation, num_parts),
+                                num_parts, patch_size)
+  quarters = contiguous_quarters(ids, num_parts, rng)
+  b, h, w = ids.shape
+  whole, quarter, counted = np.zeros(num_parts), np.zeros(num_parts), np.zeros(num_parts)
+  for k in range(num_parts):
+    pixels = (evidence & (segmentation == k + 1)).reshape(b, h, patch_size, w, patch_size)
+    in_patch = pixels.any((2, 4))  # [B, h, w]: the patch holds evidence pixels of part k
+    present = (ids == k).any((1, 2))
+    counted[k] = present.sum()
+    whole[k] = (in_patch & (ids == k)).any((1, 2))[present].sum()
+    quarter[k] = (in_patch & (quarters == k)).any((1, 2))[present].sum()
+  share = lambda x: (x / np.maximum(counted, 1)).round(3).tolist()
+  return {"whole_sees_evidence": share(whole), "quarter_sees_evidence": share(quarter)}
+
+
+def _features(extractors, params, examples, transforms, part_ids_of, batch_size=64):
+  """{masking: float [N, K, D]} of the examples under the part ids `part_ids_of(batch)`."""
+  from metonymy.data import pipeline as pipeline_lib
+  from metonymy.probe import extract
+  out = {name: [] for name in extractors}
+
+  class _List:
+    def __len__(self):
+      return len(examples)
+
+    def __getitem__(self, i):
+      return examples[i]
+
+  batches = pipeline_lib.make_pipeline(extract.IndexSubset(_List(), np.arange(len(examples))),
+                                       batch_size=batch_size, train=False, transforms=transforms,
+                                       shard_index=0, shard_count=1)
+  for batch in batches:
+    valid = np.asarray(batch["valid"], bool)
+    n = int(valid.sum())
+    part_ids, coverage = part_ids_of(batch)
+    for name, fn in extractors.items():
+      features, _ = fn(params, np.asarray(batch["image"], np.float32), part_ids, coverage)
+      out[name].append(np.asarray(features, np.float32)[:n])
+  return {name: np.concatenate(chunks) for name, chunks in out.items()}
+
+
+def mechanism(model, params, vit_config, data_cfg, train, test, latents_train, latents_test,
+              num_parts: int, seed: int) -> Dict:
+  """Probe accuracy [masking][region][attribute] -> per-part list and mean; see the docstring."""
+  from sklearn import linear_model
+  from sklearn import preprocessing
+  from metonymy.probe import benchmark
+  from metonymy.probe import features as features_lib
+  from metonymy.probe import masks
+  transforms = benchmark.eval_transforms(vit_config, data_cfg)
+  extractors = features_lib.make_extractors(model, num_parts)
+  patch = vit_config.patch_size
+
+  def regions(rng):
+    def whole(batch):
+      labels = masks.segmentation_part_labels(batch["part_segmentation"], num_parts)
+      return masks.patch_part_ids(labels, num_parts, patch)
+
+    def quarter(batch):
+      ids, coverage = whole(batch)
+      return contiguous_quarters(ids, num_parts, rng), coverage
+    return {"whole": whole, "quarter": quarter}
+
+  feats = {}
+  for split, examples in (("train", train), ("test", test)):
+    rng = np.random.default_rng([seed, len(split)])
+    for region, part_ids_of in regions(rng).items():
+      for masking, value in _features(extractors, params, examples, transforms,
+                                      part_ids_of).items():
+        feats[(split, region, masking)] = value
+  result: Dict = {"chance": {}}
+  for attribute in ("color", "pattern"):  # the strongest trivial probe: the majority class
+    majority = []
+    for k in range(num_parts):
+      y_train = np.array([lat[attribute][k] for lat in latents_train])
+      y_test = np.array([lat[attribute][k] for lat in latents_test])
+      majority.append(float(np.mean(y_test == np.bincount(y_train).argmax())))
+    result["chance"][attribute] = float(np.mean(majority))
+  for masking in ("early", "late"):
+    for region in ("whole", "quarter"):
+      for attribute in ("color", "pattern"):
+        accuracy = []
+        for k in range(num_parts):
+          x_train = feats[("train", region, masking)][:, k]
+          x_test = feats[("test", region, masking)][:, k]
+          y_train = np.array([lat[attribute][k] for lat in latents_train])
+          y_test = np.array([lat[attribute][k] for lat in latents_test])
+          scaler = preprocessing.StandardScaler().fit(x_train)
+          probe = linear_model.LogisticRegression(C=1.0, max_iter=2000).fit(
+              scaler.transform(x_train), y_train)
+          accuracy.append(float(probe.score(scaler.transform(x_test), y_test)))
+        result.setdefault(masking, {}).setdefault(region, {})[attribute] = {
+            "per_part": np.round(accuracy, 3).tolist(), "mean": float(np.mean(accuracy))}
+  for masking in ("early", "late"):
+    result[masking]["color_gap"] = (result[masking]["whole"]["color"]["mean"]
+                                    - result[masking]["quarter"]["color"]["mean"])
+  result["present"] = bool(result["early"]["color_gap"] >= EARLY_GAP and
+                           result["late"]["color_gap"] <= result["early"]["color_gap"] - MARGIN)
+  return result
+
+
+def _backbone(config, path: str):
+  """(model, params, vit_config, description) or None."""
+  from metonymy import loading
+  from metonymy.demo import stand_in
+  from metonymy.models import vit
+  from metonymy.probe import pretrain
+  if path:
+    import ml_collections
+    block = ml_collections.ConfigDict(config.backbone.to_dict())
+    block.checkpoint = path
+    model, params, arch = loading.build_backbone(block)
+    return model, params, arch, path
+  prefix = stand_in.shipped_stand_in(config, config.world.seed)
+  if not os.path.exists(prefix + ".json"):
+    return None
+  if pretrain.read_stand_in_record(prefix).get("recipe") != stand_in.stand_in_recipe(
+      config, config.world):
+    return None
+  arch, params, _, _ = pretrain.load_stand_in(prefix)
+  return vit.VisionTransformer(arch), params, arch, os.path.relpath(prefix, stand_in.ASSETS)
+
+
+def check(config, *, backbone: str = "", split: str = "val", train_images: int = 1500,
+          images: int = 500, seed: int = 0) -> Dict:
+  """Every number of the module docstring, as a dict."""
+  from metonymy.data import synthetic
+  from metonymy.demo import references
+  from metonymy.demo import subjobs
+  if split == "test":
+    raise ValueError("--split=test: a world is checked on val; test is for results only.")
+  world = synthetic.SyntheticConfig.from_options(**config.world.to_dict())
+  train_source = synthetic.SyntheticParts(world, "train")
+  test_source = synthetic.SyntheticParts(world, split)
+  train, test = _examples(train_source, train_images), _examples(test_source, images)
+  num_parts = world.num_parts
+  patch = int(config.backbone.arch.patch_size)
+  rng = np.random.default_rng(seed)
+  out = {"world": config.world.to_dict(), "split": split, "images": len(test),
+         "train_images": len(train), "patch_grid": world.image_size // patch,
+         "position_baseline": position_baseline_scores(train, test, world.image_size,
+                                                       num_parts, seed),
+         "evidence": evidence_geometry(test, num_parts, patch, rng)}
+  data_cfg = subjobs.with_world(config.single, config.world).data
+  data_cfg.eval_split, data_cfg.eval_examples = split, min(images, 256)
+  out["priors_of_the_truth"] = references.priors_of_the_truth(data_cfg, patch)
+  found = _backbone(config, backbone)
+  if found is None:
+    out["mechanism"] = None
+    out["backbone"] = None
+  else:
+    model, params, arch, described = found
+    out["backbone"] = described
+    out["mechanism"] = mechanism(
+        model, params, arch, data_cfg, train, test,
+        [train_source.latents(i) for i in range(len(train))],
+        [test_source.latents(i) for i in range(len(test))], num_parts, seed)
+  return out
+
+
+def format_report(out: Dict) -> str:
+  world = out["world"]
+  lines = [f"world check on {out['split']} ({out['images']} images; fit on {out['train_images']} "
+           f"train images): {world.get('image_size')} px, {out['patch_grid']} x "
+           f"{out['patch_grid']} patches, world seed {world.get('seed')}",
+           f"  position baseline (k-means on keypoint positions, no image): NMI "
+           f"{out['position_baseline']['NMI']:.1f}, ARI {out['position_baseline']['ARI']:.1f}"]
+  evidence = out["evidence"]
+  if evidence is None:
+    lines.append("  evidence: every pixel of a part shows its attributes (evidence_fraction 1)")
+  else:
+    lines.append("  evidence seen per part (whole part | contiguous quarter): " + ", ".join(
+        f"{w:.2f} | {q:.2f}" for w, q in zip(evidence["whole_sees_evidence"],
+                                             evidence["quarter_sees_evidence"])))
+  mech = out["mechanism"]
+  if mech is None:
+    lines.append("  mechanism: skipped (no --backbone and no shipped stand-in made by this "
+                 "world's recipe)")
+  else:
+    lines.append(f"  mechanism probes on {out['backbone']} (accuracy, mean over parts; chance: "
+                 f"colour {mech['chance']['color']:.3f}, pattern {mech['chance']['pattern']:.3f}, "
+                 f"the majority class of the train split):")
+    for masking in ("early", "late"):
+      m = mech[masking]
+      lines.append(f"    {masking:5s}  colour whole {m['whole']['color']['mean']:.3f} quarter "
+                   f"{m['quarter']['color']['mean']:.3f} (gap {m['color_gap']:+.3f}); pattern "
+                   f"whole {m['whole']['pattern']['mean']:.3f} quarter "
+                   f"{m['quarter']['pattern']['mean']:.3f}")
+    lines.append(f"    mechanism present (early gap >= {EARLY_GAP}, late gap at least {MARGIN} "
+                 f"smaller): {'yes' if mech['present'] else 'no'}")
+  lines.append("  what the paper's priors charge the ground truth: " + ", ".join(
+      f"{name} {value:.3f}" for name, value in out["priors_of_the_truth"].items()))
+  return "\n".join(lines)
+
+
+def main(argv) -> int:
+  del argv
+  from metonymy import console
+  console.quiet_library_logs()
+  out = check(_CONFIG.value, backbone=_BACKBONE.value, split=_SPLIT.value,
+              train_images=_TRAIN_IMAGES.value, images=_IMAGES.value, seed=_SEED.value)
+  print(format_report(out), flush=True)
+  if _OUTPUT.value:
+    with open(_OUTPUT.value, "w") as f:
+      json.dump(out, f, indent=1)
+  return 0
+
+
+def run(argv) -> None:
+  """Entry point of `python -m metonymy.data world-check` (argv: the flags)."""
+  app.run(main, argv=[f"{sys.argv[0]} world-check"] + list(argv))
+
+
+if __name__ == "__main__":
+  app.run(main)
