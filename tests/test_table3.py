@@ -69,6 +69,20 @@ def test_configs_load_and_refuse_unknown_args():
     runs.training_config(full, "late")
 
 
+def test_readme_block_says_whether_the_machine_was_shared():
+  # The committed run's results.json predates the load record: its block names the cores only.
+  with open(os.path.join(ROOT, "docs", "table3_world0", "results.json")) as f:
+    results = json.load(f)
+  assert "Wall time 92 min on 2 CPU cores.\n" in report.readme_block(results)
+  results["machine"].update(cores=2, load_average_start=[2.5, 2.4, 2.2],
+                            load_average_end=[3.9, 3.6, 3.2])
+  assert ("Wall time 92 min on 2 CPU cores (load average 3.9 at the end: the cores were shared "
+          "with other jobs).") in report.readme_block(results)
+  results["machine"].update(load_average_start=[0.1, 0.1, 0.1], load_average_end=[2.0, 2.0, 1.9])
+  assert ("Wall time 92 min on 2 CPU cores (load average 2.0 at the end: machine otherwise "
+          "idle).") in report.readme_block(results)
+
+
 @pytest.fixture(scope="module")
 def small_job(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("table3"))

@@ -11,6 +11,7 @@ from matplotlib import patches
 import numpy as np
 
 from metonymy import loading
+from metonymy import machine_load
 from metonymy import readme_blocks
 from metonymy.data import pipeline
 from metonymy.demo import subjobs
@@ -185,8 +186,8 @@ def _setting(results: Dict) -> str:
           f"(background included; \"fg\": foreground parts only); PS / MPPO: linear probes on the "
           f"model's own part features over its discovered parts (late masking of the frozen "
           f"backbone for single-stage, early masking of the trained Stage-2 ViT for two-stage). "
-          f"Wall time {results['seconds'] / 60:.0f} min on {results['machine']['cpu_count']} CPU "
-          f"core(s).")
+          + machine_load.wall_time_text(f"{results['seconds'] / 60:.0f} min", results["seconds"],
+                                        results["machine"]) + ".")
 
 
 def summary_lines(results: Dict) -> List[str]:
