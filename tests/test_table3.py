@@ -83,6 +83,15 @@ def test_readme_block_says_whether_the_machine_was_shared():
           "idle).") in report.readme_block(results)
 
 
+def test_figure_legend_numbers_discovered_parts_from_1():
+  from matplotlib import figure
+  colours = [(0.1 * k, 0.2, 0.3) for k in range(5)] + [(0.0, 0.0, 0.0)]
+  legend = report.part_legend(figure.Figure(), colours, 5, ("head", "body", "wing", "tail", "legs"))
+  assert [t.get_text() for t in legend.get_texts()] == [f"part {k}" for k in range(1, 6)]
+  title = legend.get_title().get_text()
+  assert "discovered parts 1..5" in title and "1 head, 2 body, 3 wing, 4 tail, 5 legs" in title
+
+
 @pytest.fixture(scope="module")
 def small_job(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("table3"))
