@@ -563,6 +563,35 @@ def test_chexpert_splits_and_roots(chex_data):
     assert src.image_path(0) == chex_data.dataset_dir / chex_data.splits["test"][0]["rel"]
 
 
+def test_chexpert_test_labels_where_chexlocalize_ships_them(tmp_path):
+  # CheXlocalize's download: CheXpert/test_labels.csv and CheXpert/test/ beside CheXlocalize/.
+  data = fx.make_chexpert(tmp_path, test_layout="chexlocalize")
+  labels_file = data.root / "CheXpert" / "test_labels.csv"
+  assert labels_file.is_file() and not (data.dataset_dir / "test.csv").exists()
+  rows = data.splits["test"]
+  report = chexpert.check(data.root, verify_images=-1)  # Decodes every test image too.
+  assert report.splits == {"train": 9, "valid": 6, "test": len(rows)}
+  for root in (data.root, data.dataset_dir):
+    src = chexpert.make_source(root, "test")
+    assert src.csv_file == labels_file
+    assert src.image_path(0) == data.root / "CheXpert" / rows[0]["rel"]
+    np.testing.assert_array_equal(src.labels, _labels(rows))
+    assert src[0]["image"].shape == (24, 20, 3) and src.num_with_masks() > 0
+  # Unpacked somewhere else: the CheXpert/ beside the given CheXlocalize/ folder.
+  download = tmp_path / "download"
+  download.mkdir()
+  for name in ("CheXpert", "CheXlocalize"):
+    shutil.move(str(data.root / name), str(download / name))
+  src = chexpert.make_source(data.root, "test", chexlocalize_dir=download / "CheXlocalize")
+  assert src.csv_file == download / "CheXpert" / "test_labels.csv" and src.num_with_masks() > 0
+  # Neither where CheXpert nor where CheXlocalize puts it: one error naming both.
+  with pytest.raises(base.DataError, match="missing required file") as error:
+    chexpert.make_source(data.root, "test")
+  assert str(data.dataset_dir / "test.csv") in str(error.value)
+  assert str(data.root / "CheXpert" / "test_labels.csv") in str(error.value)
+  assert "test" not in chexpert.check(data.root).splits  # An optional split for `check`.
+
+
 def test_chexpert_full_resolution_name(tmp_path):
   data = fx.make_chexpert(tmp_path, small=False, with_test=False, chexlocalize=False)
   report = chexpert.check(data.root)

@@ -19,6 +19,7 @@ from metonymy.demo import references
 from metonymy.demo import stand_in
 from metonymy.demo import subjobs
 from metonymy.demo import sweep
+from metonymy.demo import text
 from metonymy.probe import explore
 from metonymy.models import vit
 
@@ -74,6 +75,32 @@ def test_seed_rows_are_replaced_per_seed_and_kept_sorted(tmp_path):
   assert [l.split("|")[1].strip() for l in lines] == ["0", "2"]
   assert "| 0.300 |" in lines[1] and "| 0.200 |" in lines[0] and "0.100" not in path.read_text()
   assert path.read_text().endswith(f"{end}\nafter\n")
+
+
+def test_block_says_whether_the_machine_was_shared():
+  """The wall-time sentence of README's demo block (text.describe), from results.json's record."""
+  results = {
+      "world": {"seed": 0, "image_size": 48, "correlation": 0.0}, "seed": 0,
+      "backbone": {"path": "/tmp/b", "arch": {"patch_size": 4, "width": 64, "depth": 4},
+                   "pretraining_steps": 3000, "source": "demo_stand_in_world0"},
+      "benchmark": {"num_train": 2000, "num_val": 500, "num_test": 1000},
+      "part_discovery": {"train_steps": {"single": 1000, "two_stage_ste": 1000},
+                         "single": {"num_examples": 256},
+                         "two_stage_ste": {"stage2_vit_relative_change": 0.0311},
+                         "eval_split": "test"},
+      "seconds": {"total": 484.2},
+      "machine": {"cpu_count": 2, "backend": "cpu x 1", "cores": 2,
+                  "load_average_start": [0.2, 0.3, 0.4], "load_average_end": [3.9, 3.5, 2.0]}}
+  assert text.describe(results).endswith(
+      "Wall time 484 s on 2 CPU cores (cpu x 1; load average 3.9 at the end: the cores were "
+      "shared with other jobs).")
+  results["machine"]["load_average_end"] = [1.9, 1.8, 1.2]
+  assert text.describe(results).endswith(
+      "Wall time 484 s on 2 CPU cores (cpu x 1; load average 1.9 at the end: machine otherwise "
+      "idle).")
+  for key in ("cores", "load_average_start", "load_average_end"):  # An older results.json.
+    del results["machine"][key]
+  assert text.describe(results).endswith("Wall time 484 s on 2 CPU cores (cpu x 1).")
 
 
 def test_seed_row_without_markers_fails_clearly(tmp_path):

@@ -69,6 +69,29 @@ def test_configs_load_and_refuse_unknown_args():
     runs.training_config(full, "late")
 
 
+def test_readme_block_says_whether_the_machine_was_shared():
+  # The committed run's results.json predates the load record: its block names the cores only.
+  with open(os.path.join(ROOT, "docs", "table3_world0", "results.json")) as f:
+    results = json.load(f)
+  assert "Wall time 92 min on 2 CPU cores.\n" in report.readme_block(results)
+  results["machine"].update(cores=2, load_average_start=[2.5, 2.4, 2.2],
+                            load_average_end=[3.9, 3.6, 3.2])
+  assert ("Wall time 92 min on 2 CPU cores (load average 3.9 at the end: the cores were shared "
+          "with other jobs).") in report.readme_block(results)
+  results["machine"].update(load_average_start=[0.1, 0.1, 0.1], load_average_end=[2.0, 2.0, 1.9])
+  assert ("Wall time 92 min on 2 CPU cores (load average 2.0 at the end: machine otherwise "
+          "idle).") in report.readme_block(results)
+
+
+def test_figure_legend_numbers_discovered_parts_from_1():
+  from matplotlib import figure
+  colours = [(0.1 * k, 0.2, 0.3) for k in range(5)] + [(0.0, 0.0, 0.0)]
+  legend = report.part_legend(figure.Figure(), colours, 5, ("head", "body", "wing", "tail", "legs"))
+  assert [t.get_text() for t in legend.get_texts()] == [f"part {k}" for k in range(1, 6)]
+  title = legend.get_title().get_text()
+  assert "discovered parts 1..5" in title and "1 head, 2 body, 3 wing, 4 tail, 5 legs" in title
+
+
 @pytest.fixture(scope="module")
 def small_job(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("table3"))

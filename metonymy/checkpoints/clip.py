@@ -30,10 +30,12 @@ Position-table resizing at another resolution:
 
 Activation: the keys cannot tell QuickGELU from exact GELU. OpenAI's weights are all QuickGELU.
 HF configs say it (`hidden_act`). timm ships the same weights files under two architectures:
-`vit_base_patch16_clip_quickgelu_224` (QuickGELU; right for OpenAI, MetaCLIP and DFN weights) and
-`vit_base_patch16_clip_224` (exact GELU; right for open_clip's LAION-2B / DataComp weights and
-their ImageNet fine-tunes). Detection picks `clip/timm` (QuickGELU); pass
-`--family clip/timm_gelu` for GELU-trained weights.
+`vit_base_patch16_clip_quickgelu_224` (QuickGELU; right for OpenAI and MetaCLIP weights, and
+DFN's ViT-L/H) and `vit_base_patch16_clip_224` (exact GELU; right for open_clip's LAION-2B /
+DataComp weights, DFN's ViT-B/16 and their ImageNet fine-tunes). The hub repository always has
+the plain name (`timm/vit_base_patch16_clip_224.openai`): the quickgelu spelling exists only in
+timm's `create_model`. Detection picks `clip/timm` (QuickGELU); pass `--family clip/timm_gelu`
+for GELU-trained weights.
 
 OpenAI's released `ViT-B-16.pt` is a TorchScript archive, which `torch.load(weights_only=True)`
 refuses; `io.read_file` then reads it with `torch.jit.load(...).state_dict()`.
@@ -318,7 +320,7 @@ register(Layout(
 register(Layout(
     family="clip", name="timm", detect=_is_timm_clip,
     convert=lambda reader, raw: convert_timm(reader, raw, "quick_gelu"),
-    description="timm vit_*_clip_quickgelu_* (OpenAI, MetaCLIP, DFN weights), QuickGELU"))
+    description="timm vit_*_clip_quickgelu_* (OpenAI, MetaCLIP weights), QuickGELU"))
 register(Layout(
     family="clip", name="timm_gelu", detect=lambda raw: False,
     convert=lambda reader, raw: convert_timm(reader, raw, "gelu"),

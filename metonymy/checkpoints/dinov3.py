@@ -1,6 +1,6 @@
 """DINOv3 ViT state dicts: the original facebookresearch/dinov3 .pth, timm's Eva port, and HF.
 
-All three hold the same network (shared notes/weight-formats.md, "DINOv3 ViT-B/16"): sequence
+All three hold the same network (docs/checkpoints.md, "Weight layouts"): sequence
 [CLS, 4 storage/register tokens, patches], no absolute position table, 2D RoPE on the patch
 tokens' q and k (y angles then x angles, `rotate_half`), LayerScale, a qkv bias whose k third is
 zero, eps 1e-5, exact GELU, one final norm over every token.

@@ -5,10 +5,17 @@ CheXpert layout: `train.csv`, `valid.csv` and, if present, `test.csv` inside the
 14 observations (`groupings.CHEXPERT_OBSERVATIONS`); only `Path` and the 10 localized tasks are
 required (CheXlocalize's test CSV has no `Frontal/Lateral`: the file name decides then).
 
+The test split's labels come with CheXlocalize, whose download ships them as
+`CheXpert/test_labels.csv` (images in `CheXpert/test/`) beside its `CheXlocalize/` folder. They
+are read from the first of `split_csv_candidates`: `<dataset>/test.csv`, then `test_labels.csv`
+in `<chexlocalize_dir>/../CheXpert` (when given), `<dataset parent>/CheXpert`,
+`<dataset>/CheXpert`, `<dataset>`: the download unpacked beside the CheXpert folder is read where
+it lies.
+
 `Path` is relative to the dataset's parent (`CheXpert-v1.0-small/train/patient00001/...`). Its first
 component is replaced by the folder actually found, so a renamed folder still works, and a `Path`
 without that component (`test/patient64741/...`, as in CheXlocalize's test labels) is taken
-relative to the dataset folder.
+relative to the folder holding the CSV.
 
 Labels: 1 positive, 0 negative, blank = not mentioned = 0, -1 uncertain, handled by `uncertainty`:
   "ignore" (default): attribute 0 and attribute_valid False, so losses and metrics skip it;
@@ -54,6 +61,9 @@ DATASET_DIRS: Tuple[str, ...] = ("CheXpert-v1.0-small", "CheXpert-v1.0")
 MASK_FILES: Dict[str, str] = {"valid": "gt_segmentations_val.json",
                               "test": "gt_segmentations_test.json"}
 UNCERTAINTY_POLICIES: Tuple[str, ...] = ("ignore", "zeros", "ones")
+# CheXlocalize's download: CheXpert/{test_labels.csv, test/} beside CheXlocalize/*.json.
+CHEXLOCALIZE_LABELS_DIR = "CheXpert"
+CHEXLOCALIZE_LABELS: Dict[str, str] = {"test": "test_labels.csv"}
 
 PathLike = Union[str, os.PathLike]
 
@@ -186,11 +196,49 @@ def find_dataset_dir(root: PathLike) -> Path:
                        + ", ".join(str(root / d) for d in DATASET_DIRS) + ")")
 
 
-def image_file(dataset_dir: Path, csv_path: str) -> Path:
+def image_file(csv_dir: Path, csv_path: str) -> Path:
+  """A CSV's `Path` as a file: relative to the folder holding the CSV, whose own name (the
+  `Path`'s first component, when it has one) may differ from the one written."""
   parts = PurePosixPath(csv_path.replace("\\", "/")).parts
   if parts and parts[0].startswith("CheXpert"):
     parts = parts[1:]
-  return dataset_dir.joinpath(*parts)
+  return csv_dir.joinpath(*parts)
+
+
+def split_csv_candidates(dataset_dir: Path, split: str,
+                         chexlocalize_dir: Optional[PathLike] = None) -> List[Path]:
+  """Where a split's labels CSV may be, in the order looked at: CheXpert's `<split>.csv`, then
+  (test) CheXlocalize's `test_labels.csv` where its download puts it."""
+  candidates = [dataset_dir / f"{split}.csv"]
+  if split in CHEXLOCALIZE_LABELS:
+    dirs = [Path(chexlocalize_dir).parent / CHEXLOCALIZE_LABELS_DIR] if chexlocalize_dir else []
+    dirs += [dataset_dir.parent / CHEXLOCALIZE_LABELS_DIR, dataset_dir / CHEXLOCALIZE_LABELS_DIR,
+             dataset_dir]
+    candidates += [d / CHEXLOCALIZE_LABELS[split] for d in dirs]
+  return candidates
+
+
+def find_split_csv(dataset_dir: Path, split: str,
+                   chexlocalize_dir: Optional[PathLike] = None) -> Optional[Path]:
+  for candidate in split_csv_candidates(dataset_dir, split, chexlocalize_dir):
+    if candidate.is_file():
+      return candidate
+  return None
+
+
+def require_split_csv(dataset_dir: Path, split: str,
+                      chexlocalize_dir: Optional[PathLike] = None) -> Path:
+  found = find_split_csv(dataset_dir, split, chexlocalize_dir)
+  if found is not None:
+    return found
+  candidates = split_csv_candidates(dataset_dir, split, chexlocalize_dir)
+  if len(candidates) == 1:
+    return require_file(candidates[0])
+  raise base.DataError(
+      f"missing required file: {candidates[0]} (CheXpert's layout), nor CheXlocalize's "
+      f"{CHEXLOCALIZE_LABELS[split]} as its download ships it (in its {CHEXLOCALIZE_LABELS_DIR}/ "
+      f"folder, beside the {split}/ images): looked for "
+      + ", ".join(str(c) for c in candidates[1:]))
 
 
 def cxr_id(csv_path: str) -> str:
@@ -356,7 +404,8 @@ class ChexpertSource:
     check_split(split, SPLITS, "CheXpert")
     self.split = split
     self.dataset_dir = find_dataset_dir(root)
-    table = read_csv(self.dataset_dir / f"{split}.csv")
+    self.csv_file = require_split_csv(self.dataset_dir, split, chexlocalize_dir)
+    table = read_csv(self.csv_file)
     keep = table.frontal if frontal_only else np.ones(len(table.paths), bool)
     rows = np.flatnonzero(keep)
     self.csv_paths = [table.paths[r] for r in rows]
@@ -382,7 +431,7 @@ class ChexpertSource:
     return len(self.csv_paths)
 
   def image_path(self, i: int) -> Path:
-    return image_file(self.dataset_dir, self.csv_paths[i])
+    return image_file(self.csv_file.parent, self.csv_paths[i])
 
   def num_with_masks(self) -> int:
     return sum(1 for c in self.cxr_ids if c in self._masks)
@@ -428,7 +477,8 @@ def make_source(root: PathLike, split: str, *, uncertainty: str = "ignore",
     frontal_only: keep frontal views only.
     masks: emit `masks` / `has_masks`. None: when the split's CheXlocalize JSON is found. True:
       always (the JSON is then required for valid/test; train gets all-zero masks). False: never.
-    chexlocalize_dir: the folder holding gt_segmentations_{val,test}.json (default: searched).
+    chexlocalize_dir: the folder holding gt_segmentations_{val,test}.json (default: searched);
+      the test labels are also looked for in its sibling CheXpert/ (split_csv_candidates).
   """
   return ChexpertSource(root, split, uncertainty=uncertainty, frontal_only=frontal_only, masks=masks,
                         chexlocalize_dir=chexlocalize_dir)
@@ -437,14 +487,15 @@ def make_source(root: PathLike, split: str, *, uncertainty: str = "ignore",
 def check(root: PathLike, *, uncertainty: str = "ignore", frontal_only: bool = False,
           chexlocalize_dir: Optional[PathLike] = None, verify_images: int = 16, progress=None
           ) -> base.CheckReport:
-  """Reads train.csv and valid.csv (required), test.csv (if present) and the CheXlocalize JSONs
+  """Reads train.csv and valid.csv (required), the test labels (if found: test.csv or
+  CheXlocalize's CheXpert/test_labels.csv, see split_csv_candidates) and the CheXlocalize JSONs
   (if found; every run length is checked), checks every image exists and decodes the first
   `verify_images` of each split (all when negative; every bad image is listed, `progress` as in
   files.verify_split_images)."""
   dataset_dir = find_dataset_dir(root)
   for name in ("train.csv", "valid.csv"):
     require_file(dataset_dir / name)
-  splits = [s for s in SPLITS if (dataset_dir / f"{s}.csv").is_file()]
+  splits = [s for s in SPLITS if find_split_csv(dataset_dir, s, chexlocalize_dir) is not None]
   sources = {s: ChexpertSource(dataset_dir, s, uncertainty=uncertainty, frontal_only=frontal_only,
                                chexlocalize_dir=chexlocalize_dir) for s in splits}
   warnings: List[str] = []

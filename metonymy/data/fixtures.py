@@ -216,12 +216,16 @@ def _chex_rows(rng, dataset_name: str, split: str, n_patients: int, *, uncertain
 
 def make_chexpert(tmp: Path, *, small: bool = True, with_test: bool = True,
                   chexlocalize: bool = True, image_size=(20, 24), mask_scale: int = 3,
-                  seed: int = 0):
+                  seed: int = 0, test_layout: str = "chexpert"):
   """tmp/CheXpert-v1.0[-small]/{train,valid,test}.csv + images, tmp/CheXlocalize/*.json.
 
   The CheXlocalize masks are drawn at `mask_scale` times the image size (the "original
-  resolution" of the small images), encoded with `chexpert.rle_encode`.
+  resolution" of the small images), encoded with `chexpert.rle_encode`. The test split:
+  `test_layout="chexpert"` puts it in the dataset folder (test.csv, test/); "chexlocalize" where
+  CheXlocalize's download ships it, tmp/CheXpert/{test_labels.csv, test/}.
   """
+  if test_layout not in ("chexpert", "chexlocalize"):
+    raise ValueError(f"test_layout must be 'chexpert' or 'chexlocalize', not {test_layout!r}")
   from metonymy.data import chexpert  # Only for its RLE encoder.
   rng = np.random.default_rng(seed)
   tmp = Path(tmp)
@@ -234,12 +238,17 @@ def make_chexpert(tmp: Path, *, small: bool = True, with_test: bool = True,
     # CheXlocalize's test labels: Path without the dataset prefix, no Frontal/Lateral column.
     splits["test"] = _chex_rows(rng, name, "test", 3, uncertain=False, prefix=False)
   w, h = image_size
+  test_dir = tmp / "CheXpert" if test_layout == "chexlocalize" else d
   for split, rows in splits.items():
+    split_dir = test_dir if split == "test" else d
     for r in rows:
-      write_jpeg(d / r["rel"], image_size, rng, gray=True)
+      write_jpeg(split_dir / r["rel"], image_size, rng, gray=True)
     columns = ([c for c in _CHEX_COLUMNS if c not in ("Sex", "Age", "Frontal/Lateral", "AP/PA")]
                if split == "test" else _CHEX_COLUMNS)
-    with open(d / f"{split}.csv", "w", newline="") as f:
+    csv_name = "test_labels.csv" if split == "test" and test_layout == "chexlocalize" else (
+        f"{split}.csv")
+    split_dir.mkdir(parents=True, exist_ok=True)
+    with open(split_dir / csv_name, "w", newline="") as f:
       writer = csv.writer(f)
       writer.writerow(columns)
       for r in rows:
@@ -274,8 +283,8 @@ def make_chexpert(tmp: Path, *, small: bool = True, with_test: bool = True,
           masks[(split, image_id, groupings.CHEXPERT_TASKS[t])] = m
         data[image_id] = entry
       (loc / fname).write_text(json.dumps(data))
-  return types.SimpleNamespace(root=tmp, dataset_dir=d, splits=splits, masks=masks,
-                               image_size=image_size)
+  return types.SimpleNamespace(root=tmp, dataset_dir=d, test_dir=test_dir, splits=splits,
+                               masks=masks, image_size=image_size)
 
 
 # make-fixture's datasets -> the builder, called with the root and the number of images.

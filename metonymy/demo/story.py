@@ -20,6 +20,7 @@ from typing import Dict, Optional
 import jax
 
 from metonymy import console
+from metonymy import machine_load
 from metonymy.demo import progress
 from metonymy.demo import readme
 from metonymy.demo import references
@@ -31,6 +32,7 @@ from metonymy.workdir import Workdir
 
 
 def run_story(config, workdir: str) -> Dict:
+  load_at_start = machine_load.load_average()  # Was the machine shared? Said in the block.
   steps = progress.Steps(4)
   world = config.world
   os.makedirs(workdir, exist_ok=True)
@@ -60,6 +62,7 @@ def run_story(config, workdir: str) -> Dict:
   priors = references.prior_costs(config, backbone, workdir, world)
   seconds = steps.finish()
   results = story_results(config, backbone, stand_in_record, bench, trained, seconds)
+  results["machine"].update(machine_load.at_end(load_at_start))
   results["part_discovery"]["chance_mAP"] = chance
   results["part_discovery"]["priors"] = priors
   results["summary"]["map_chance"] = chance

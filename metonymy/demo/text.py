@@ -5,6 +5,7 @@ console show the same numbers the same way."""
 import math
 from typing import Dict, List, Optional
 
+from metonymy import machine_load
 from metonymy.demo import references
 from metonymy.probe import report as probe_report
 
@@ -104,9 +105,9 @@ def describe(results: Dict) -> str:
           f"evaluated on the {fmt_int(pd['single'].get('num_examples'))} first "
           f"`{pd['eval_split']}` images (NMI/ARI x100, keypoints vs argmax part; \"fg\": argmax "
           f"over the foreground parts only; largest part share: the biggest share of the "
-          f"evaluation patches any part, background included, takes). Wall time "
-          f"{results['seconds']['total']:.0f} s on "
-          f"{results['machine']['cpu_count']} CPU core(s) ({results['machine']['backend']}).")
+          f"evaluation patches any part, background included, takes). "
+          + machine_load.wall_time_text(f"{results['seconds']['total']:.0f} s",
+                                        results['seconds']['total'], results['machine']) + ".")
 
 
 def collapse_warnings(results: Dict) -> List[str]:

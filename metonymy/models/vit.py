@@ -8,7 +8,7 @@ Two forwards share every weight:
     background) and every layer applies the block-diagonal mask of
     `attention_masks.block_attention_mask`, so part k's prefix copy only ever sees part k's patches.
 
-Parity with the PyTorch references (see shared notes/weight-formats.md) rests on three details:
+Parity with the PyTorch references (docs/checkpoints.md, "Parity") rests on three details:
 exact (erf) GELU, two-pass LayerNorm variance, and position-table resizing done the way each
 checkpoint's own code does it (`pos_embed.py`).
 """

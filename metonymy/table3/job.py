@@ -9,6 +9,7 @@ import time
 from typing import Dict
 
 from metonymy import console
+from metonymy import machine_load
 from metonymy.demo import references
 from metonymy.demo import stand_in
 from metonymy.demo import subjobs
@@ -19,6 +20,7 @@ from metonymy.table3 import stats
 
 def run(config, workdir: str) -> Dict:
   start = time.perf_counter()
+  load_at_start = machine_load.load_average()  # Was the machine shared? Said in the block.
   os.makedirs(workdir, exist_ok=True)
   world = config.world
   for variant in config.variants:
@@ -51,7 +53,8 @@ def run(config, workdir: str) -> Dict:
       "summary": stats.summary(rows),
       "paired": stats.paired(rows),
       "seconds": time.perf_counter() - start,
-      "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
+      "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
+                  **machine_load.at_end(load_at_start)},
       "date": datetime.datetime.now().isoformat(timespec="seconds"),
   }
   written = report.write(config, workdir, results, dirs)

@@ -11,6 +11,7 @@ from matplotlib import patches
 import numpy as np
 
 from metonymy import loading
+from metonymy import machine_load
 from metonymy import readme_blocks
 from metonymy.data import pipeline
 from metonymy.demo import subjobs
@@ -185,8 +186,8 @@ def _setting(results: Dict) -> str:
           f"(background included; \"fg\": foreground parts only); PS / MPPO: linear probes on the "
           f"model's own part features over its discovered parts (late masking of the frozen "
           f"backbone for single-stage, early masking of the trained Stage-2 ViT for two-stage). "
-          f"Wall time {results['seconds'] / 60:.0f} min on {results['machine']['cpu_count']} CPU "
-          f"core(s).")
+          + machine_load.wall_time_text(f"{results['seconds'] / 60:.0f} min", results["seconds"],
+                                        results["machine"]) + ".")
 
 
 def summary_lines(results: Dict) -> List[str]:
@@ -252,6 +253,17 @@ def readme_block(results: Dict) -> str:
   ])
 
 
+def part_legend(fig, colours, num_parts: int, true_part_names):
+  """The figure's legend: discovered parts "part 1".."part K" (1-based, as the reports,
+  TensorBoard and the notebook name them), the true parts numbered the same way."""
+  handles = [patches.Rectangle((0, 0), 1, 1, color=colours[k]) for k in range(num_parts)]
+  true_names = ", ".join(f"{k + 1} {n}" for k, n in enumerate(true_part_names))
+  return fig.legend(handles, part_names_lib.discovered_names(num_parts), loc="lower center",
+                    ncol=num_parts, fontsize=8, title_fontsize=8,
+                    title=f"discovered parts 1..{num_parts} (ground-truth row: the true parts, "
+                          f"{true_names}); background greyed")
+
+
 def part_map_figure(path: str, config, dirs: Dict[Tuple[str, int], str], seed: int,
                     num_images: int) -> bool:
   """Fig. 4: the ground truth and every variant's discovered parts (run seed `seed`) on the same
@@ -293,12 +305,7 @@ def part_map_figure(path: str, config, dirs: Dict[Tuple[str, int], str], seed: i
       ax.set_xticks([])
       ax.set_yticks([])
     axes[r][0].set_ylabel(title, fontsize=9)
-  handles = [patches.Rectangle((0, 0), 1, 1, color=colours[k]) for k in range(num_parts)]
-  true_names = ", ".join(f"{k + 1} {n}" for k, n in enumerate(source.info.part_names))
-  fig.legend(handles, part_names_lib.discovered_names(num_parts), loc="lower center",
-             ncol=num_parts, fontsize=8, title_fontsize=8,
-             title=f"discovered parts 1..{num_parts} (ground-truth row: the true parts, "
-                   f"{true_names}); background greyed")
+  part_legend(fig, colours, num_parts, source.info.part_names)
   fig.suptitle(f"Part maps on the first {num_images} scored images, run seed {seed}", fontsize=10)
   fig.tight_layout(rect=(0, 0.09, 1, 0.97))
   fig.savefig(path, dpi=120)
