@@ -248,8 +248,9 @@ def check(config, *, backbone: str = "", split: str = "val", train_images: int =
   else:
     model, params, arch, described = found
     out["backbone"] = described
+    probe_data = subjobs.with_world(config.benchmark, config.world).data
     out["mechanism"] = mechanism(
-        model, params, arch, data_cfg, train, test,
+        model, params, arch, probe_data, train, test,
         [train_source.latents(i) for i in range(len(train))],
         [test_source.latents(i) for i in range(len(test))], num_parts, seed)
   return out
