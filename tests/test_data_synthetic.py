@@ -225,3 +225,27 @@ def test_pose_options_are_checked():
     synthetic.SyntheticConfig(max_rotation=190.0)
   with pytest.raises(ValueError, match="min_translation"):
     synthetic.SyntheticConfig(min_translation=1.5)
+
+
+def test_part_plain_tones_tell_the_parts_apart_and_no_attribute():
+  config = synthetic.SyntheticConfig(image_size=64, noise=0.0, occlusion_prob=0.0,
+                                     border_cut_prob=0.0, correlation=0.0,
+                                     evidence_fraction=0.2, plain_tone="part")
+  src = synthetic.SyntheticParts(config, "train")
+  centred = []  # per image: each part's plain tone minus the image's mean over its parts
+  for i in range(40):
+    ex = src[i]
+    tone = [ex["image"][(ex["part_segmentation"] == g + 1) & ~ex["part_evidence"]]
+            for g in range(config.num_parts)]
+    if all(len(t) for t in tone):
+      tone = np.stack([t[0].astype(float) for t in tone])
+      centred.append(tone - tone.mean(0))
+  centred = np.stack(centred)  # [images, parts, 3]
+  # The lighting moves every part of an image alike: relative to each other the parts keep their
+  # own tones (within the per-part shade), far enough apart to tell them from one another.
+  assert len(centred) > 20 and centred.std(0).max() < 8, centred.std(0).max()
+  means = centred.mean(0)
+  nearest = min(np.abs(means[a] - means[b]).max() for a in range(5) for b in range(a + 1, 5))
+  assert nearest > 15, nearest
+  with pytest.raises(ValueError, match="plain_tone"):
+    synthetic.SyntheticConfig(plain_tone="random")

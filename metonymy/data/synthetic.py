@@ -47,6 +47,7 @@ PALETTE: Tuple[Tuple[str, Tuple[int, int, int]], ...] = (
 )
 PATTERNS = ("solid", "striped", "spotted")
 SHAPES = ("round", "square", "pointed")  # unit ball of the L2, L-infinity and L1 norm
+PLAIN_TONES = ("shared", "part")
 
 # The canonical object, facing +x, y down, in object units (the pose scales them to pixels).
 # One row per drawn shape, in drawing (z) order: part index, centre x, centre y, semi-axis along
@@ -106,6 +107,11 @@ class SyntheticConfig:
   # colour per image, shaded per part), so the part keeps its shape and place in the object while
   # a mask over a fraction of it can miss its attributes. 1: the whole part (no plain region).
   evidence_fraction: float = 1.0
+  # The plain tone outside the evidence: "shared", one muted colour per image shaded per part
+  # (parts known by shape and place alone); "part", a fixed muted tone per part under a
+  # per-image lighting (parts also known by their local appearance, as a bird's head is by its
+  # feathers whatever their colour). Neither carries an attribute.
+  plain_tone: str = "shared"
   seed: int = 0
   splits: Tuple[Tuple[str, int], ...] = (("train", 10000), ("val", 1000), ("test", 2000))
 
@@ -130,6 +136,8 @@ class SyntheticConfig:
         raise ValueError(f"{name} must be in [0, 1], got {value}")
     if not 0.0 < self.evidence_fraction <= 1.0:
       raise ValueError(f"evidence_fraction must be in (0, 1], got {self.evidence_fraction}")
+    if self.plain_tone not in PLAIN_TONES:
+      raise ValueError(f"plain_tone must be one of {PLAIN_TONES}, got {self.plain_tone!r}")
     if not 0.0 <= self.max_rotation <= 180.0:
       raise ValueError(f"max_rotation must be in [0, 180] degrees, got {self.max_rotation}")
     if self.clutter < 0 or self.noise < 0:
@@ -248,6 +256,16 @@ _CODES_PER_SHAPE = 3
 # carries no palette colour, and shaded per part so that part borders stay visible.
 _PLAIN_RANGE = (70.0, 190.0)
 _PLAIN_SHADE = 25.0
+# plain_tone="part": each canonical part's own muted tone (far from every palette colour), lit by
+# one per-image offset within +-_PART_LIGHTING and shaded within +-_PART_SHADE per part.
+_PART_TONES = np.array([[165, 145, 120],   # head: tan
+                        [120, 135, 150],   # body: slate
+                        [140, 155, 120],   # wing: sage
+                        [155, 120, 145],   # tail: mauve
+                        [95, 95, 95]],     # legs: grey
+                       np.float32)
+_PART_LIGHTING = 20.0
+_PART_SHADE = 8.0
 
 
 class _Draws:
@@ -308,6 +326,7 @@ class SyntheticParts:
         np.stack([zero + _SPOT_FREQ, zero], -1),
         np.stack([zero, zero + _SPOT_FREQ], -1)], 1)                                # [S, 5, 2]
     self._keypoints = _KEYPOINTS[keep].astype(np.float64)                          # [G, 2]
+    self._part_tones = _PART_TONES[keep]                                            # [G, 3]
     self._xs = self._ys = np.arange(n, dtype=np.float32) + 0.5  # pixel centres
     self._ramp = np.linspace(0, 1, _LEVELS)[:, None]
     palette = np.array([rgb for _, rgb in PALETTE[:cfg.num_colors]], np.float32)
@@ -448,9 +467,14 @@ class SyntheticParts:
     shape_tones = table[self._object_base:self._occluder_base].reshape(-1, _CODES_PER_SHAPE, 3)
     shape_tones[:, 1:] = self._palette[lat["color"]][self._shape_part]
     if cfg.evidence_fraction < 1:
-      plain = evidence_draws.uniform(*_PLAIN_RANGE, size=3)
-      shade = evidence_draws.uniform(-_PLAIN_SHADE, _PLAIN_SHADE, (cfg.num_parts, 3))
-      shape_tones[:, 0] = np.clip(plain + shade, 0, 255)[self._shape_part]
+      plain = evidence_draws.uniform(0.0, 1.0, size=3)
+      shade = evidence_draws.uniform(-1.0, 1.0, (cfg.num_parts, 3))
+      if cfg.plain_tone == "shared":
+        tones = _PLAIN_RANGE[0] + (_PLAIN_RANGE[1] - _PLAIN_RANGE[0]) * plain + _PLAIN_SHADE * shade
+      else:
+        lighting = _PART_LIGHTING * (2 * plain[0] - 1)
+        tones = self._part_tones + lighting + _PART_SHADE * shade
+      shape_tones[:, 0] = np.clip(tones, 0, 255)[self._shape_part]
 
     # Keypoints: canonical points through the pose.
     kx, ky = mirror * self._keypoints[:, 0], self._keypoints[:, 1]
