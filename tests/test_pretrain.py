@@ -189,3 +189,21 @@ def test_affine_augmentation_moves_each_image_by_its_own_similarity(monkeypatch)
 def test_unknown_augmentation_is_refused():
   with pytest.raises(ValueError, match="augment must be one of"):
     pretrain.pretrain(None, {}, [], None, steps=1, augment="mixup")
+
+
+@pytest.mark.slow
+def test_a_warm_up_stage_comes_first_and_is_in_the_recipe():
+  """World v2's stand-in pretrains first on the world with every pixel of a part showing its
+  attributes, then on v2 itself, continuing the same backbone and heads."""
+  config = config_lib.load_sibling_config(CONFIG_FILE, "demo", "tiny,world=v2")
+  pre = config.backbone_pretraining
+  assert (pre.warmup_steps, pre.steps) == (3, 7)
+  assert pre.warmup_world.to_dict() == {"evidence_fraction": 1.0}
+  vit_config, trained, record = stand_in.pretrain_stand_in(config, config.world)
+  assert [step for step, _ in record["warmup_loss_history"]][:1] == [1]
+  assert record["recipe"]["pretraining"]["warmup_steps"] == 3
+  # Without the warm-up the recipe differs, so a stand-in made without it is never taken for it.
+  plain = config_lib.load_sibling_config(CONFIG_FILE, "demo", "tiny,world=v2")
+  del plain.backbone_pretraining["warmup_steps"]
+  assert stand_in.stand_in_recipe(plain, plain.world) != record["recipe"]
+  assert trained.heads["parts"]["q"].shape == (vit_config.width, 5)

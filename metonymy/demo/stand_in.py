@@ -9,6 +9,8 @@ import json
 import os
 from typing import Dict, Optional, Tuple
 
+import ml_collections
+
 from metonymy import console
 from metonymy import loading
 from metonymy.checkpoints import store
@@ -65,19 +67,40 @@ def pretrain_stand_in(config, world):
   (probe/pretrain.py)."""
   model, params, vit_config = loading.build_backbone(config.backbone, _seed(config))
   pre = config.backbone_pretraining
-  data_cfg = subjobs.with_world(config.benchmark, world).data
-  source, _, _ = benchmark.open_split(data_cfg, data_cfg.train, 0)
+  options = probe_job.pretrain_options(pre)
+  heads, record = None, {}
+  warmup_steps = int(pre.get("warmup_steps", 0))
+  if warmup_steps:
+    # A first stage on a sibling world (e.g. every pixel of a part showing its attributes): a
+    # world whose evidence is small leaves the loss on the constant predictor's plateau for
+    # hundreds of steps (docs/experiments.md, "The world"); image-level labels only, as after.
+    warm_world = ml_collections.ConfigDict(world.to_dict())
+    warm_world.update(pre.warmup_world.to_dict())
+    warm_source, transforms = _training_images(config, warm_world, vit_config)
+    console.console(f"[demo] warm-up: {warmup_steps} pretraining steps on the world with "
+                    f"{pre.warmup_world.to_dict()}")
+    warm = pretrain.pretrain(model, params, warm_source, transforms, seed=_seed(config),
+                             **dict(options, steps=warmup_steps))
+    params, heads = warm.params, warm.heads
+    record["warmup_loss_history"] = warm.loss_history
+  source, transforms = _training_images(config, world, vit_config)
   console.console(f"[demo] pretraining a ViT (patch {vit_config.patch_size}, width "
                   f"{vit_config.width}, depth {vit_config.depth}) at {vit_config.image_size} px "
                   f"for {int(pre.steps)} steps on {min(int(pre.images), len(source))} training "
                   "images")
-  transforms = benchmark.eval_transforms(vit_config, data_cfg)
   trained = pretrain.pretrain(model, params, source, transforms, seed=_seed(config),
-                              **probe_job.pretrain_options(pre))
-  record = {"recipe": stand_in_recipe(config, world),
+                              heads=heads, **options)
+  record.update({"recipe": stand_in_recipe(config, world),
             "command": stand_in_command(config, world),
-            "date": datetime.datetime.now().isoformat(timespec="seconds")}
+            "date": datetime.datetime.now().isoformat(timespec="seconds")})
   return vit_config, trained, record
+
+
+def _training_images(config, world, vit_config):
+  """(the world's training split, the stand-in's transforms), as the benchmark reads them."""
+  data_cfg = subjobs.with_world(config.benchmark, world).data
+  source, _, _ = benchmark.open_split(data_cfg, data_cfg.train, 0)
+  return source, benchmark.eval_transforms(vit_config, data_cfg)
 
 
 def stand_in_quality(config, world, vit_config, params, heads) -> Dict:

@@ -153,8 +153,9 @@ def attribute_loss(logits: jnp.ndarray, labels: jnp.ndarray, valid: jnp.ndarray,
 def pretrain(model, params, source, transforms, *, steps: int, batch_size: int = 32,
              learning_rate: float = 1e-3, weight_decay: float = 0.05, images: int = 4000,
              loss: str = "group_softmax", augment: str = "flip", seed: int = 0,
-             progress: bool = True) -> Pretrained:
-  """Trains `params` of `model` (a VisionTransformer) on `images` examples of `source`."""
+             progress: bool = True, heads: Optional[Dict] = None) -> Pretrained:
+  """Trains `params` of `model` (a VisionTransformer) on `images` examples of `source`; `heads`
+  continues the read-outs of an earlier stage (default: fresh ones, `init_heads`)."""
   if loss not in LOSSES:
     raise ValueError(f"backbone_pretraining.loss must be one of {LOSSES}, got {loss!r}")
   if augment not in AUGMENTATIONS:
@@ -166,7 +167,8 @@ def pretrain(model, params, source, transforms, *, steps: int, batch_size: int =
   logging.info("pretraining: %d images, %d softmax groups over %d attributes", len(x), len(groups),
                y.shape[1])
   attribute_part = tuple(source.info.attribute_part)
-  heads = init_heads(jax.random.PRNGKey(seed), model.config.width, attribute_part)
+  if heads is None:
+    heads = init_heads(jax.random.PRNGKey(seed), model.config.width, attribute_part)
   # steps = 0 returns the random weights (and zero heads): a random-init baseline.
   schedule = optax.warmup_cosine_decay_schedule(0.0, learning_rate, max(1, steps // 10),
                                                 max(steps, 2))
