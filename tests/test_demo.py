@@ -103,6 +103,22 @@ def test_block_says_whether_the_machine_was_shared():
   assert text.describe(results).endswith("Wall time 484 s on 2 CPU cores (cpu x 1).")
 
 
+def test_position_baseline_rows_of_the_discovery_table():
+  """One chance row when both runs measured the same position baseline, one per run when their
+  K differ, none in an older results.json."""
+  same = {"NMI": 41.6, "ARI": 37.5, "NMI_fg": 41.6, "ARI_fg": 37.5}
+  pd = {"single": {"position_baseline": same}, "two_stage_ste": {"position_baseline": same}}
+  assert text.position_rows(pd) == [["chance: keypoint position alone",
+                                     "(k-means on the training keypoints; no image)", "",
+                                     "41.6", "37.5", "41.6", "37.5", ""]]
+  pd["two_stage_ste"]["position_baseline"] = dict(same, NMI=30.0)
+  rows = text.position_rows(pd)
+  assert [r[0] for r in rows] == ["chance: keypoint position alone (K of single-stage)",
+                                  "chance: keypoint position alone (K of two-stage STE)"]
+  assert [r[3] for r in rows] == ["41.6", "30.0"]
+  assert text.position_rows({"single": {}, "two_stage_ste": {}}) == []
+
+
 def test_seed_row_without_markers_fails_clearly(tmp_path):
   path = tmp_path / "README.md"
   path.write_text("# no markers\n")
@@ -244,8 +260,8 @@ def test_tiny_demo_writes_report_and_results(tiny_demo):
       "ps_late", "ps_early", "causal_leakage_late", "causal_leakage_early", "map_single",
       "map_two_stage_stage1", "map_two_stage_stage2", "map_two_stage_ensemble", "map_chance",
       "nmi_single", "ari_single", "nmi_two_stage", "ari_two_stage", "nmi_fg_single",
-      "ari_fg_single", "nmi_fg_two_stage", "ari_fg_two_stage", "max_part_share_single",
-      "max_part_share_two_stage", "collapsed", "stand_in_cls_map_val"}
+      "ari_fg_single", "nmi_fg_two_stage", "ari_fg_two_stage", "nmi_position", "ari_position",
+      "max_part_share_single", "max_part_share_two_stage", "collapsed", "stand_in_cls_map_val"}
   s = saved["summary"]
   for key in ("ps_late", "ps_early", "causal_leakage_late", "map_single",
               "map_two_stage_stage2", "map_two_stage_ensemble", "map_chance"):
@@ -262,6 +278,16 @@ def test_tiny_demo_writes_report_and_results(tiny_demo):
     # Neither tiny run collapsed (recorded), so its parts split the keypoints somewhat.
     assert not pd[run]["collapsed"] and pd[run]["NMI"] > 0.0, pd[run]
   assert s["map_single"] == pd["single"]["mAP"]["stage1"]
+  # The chance row of NMI / ARI: each run's own eval/parts/position_*, the same for both (same
+  # training keypoints, K and seed), and the row of the table with those numbers.
+  for run in ("single", "two_stage_ste"):
+    logged = subjobs.last_eval(os.path.join(workdir, run))
+    assert pd[run]["position_baseline"] == {k: logged[f"parts/position_{k}"]
+                                           for k in ("NMI", "ARI", "NMI_fg", "ARI_fg")}, run
+  position = pd["single"]["position_baseline"]
+  assert pd["two_stage_ste"]["position_baseline"] == position
+  assert (s["nmi_position"], s["ari_position"]) == (position["NMI"], position["ARI"])
+  assert 0.0 <= position["NMI"] <= 100.0 and position["NMI_fg"] == position["NMI"]
   for head in ("stage1", "stage2", "ensemble"):
     assert s[f"map_two_stage_{head}"] == pd["two_stage_ste"]["mAP"][head]
     assert 0.0 < s[f"map_two_stage_{head}"] <= 1.0
@@ -305,6 +331,8 @@ def test_tiny_demo_writes_report_and_results(tiny_demo):
     report = f.read()
   assert "| late (pool a plain forward" in report and "| two-stage STE |" in report
   assert "| NMI fg | ARI fg |" in report and "Stand-in backbone" in report
+  assert (f"| chance: keypoint position alone | (k-means on the training keypoints; no image) |  "
+          f"| {position['NMI']:.1f} | {position['ARI']:.1f} |") in report
   links = [line[line.index("](") + 2:-1] for line in report.splitlines() if line.startswith("![")]
   assert any(l.startswith("benchmark/") for l in links)
   assert any(l.startswith("two_stage_ste/images/") for l in links)
@@ -321,6 +349,7 @@ def test_tiny_demo_writes_report_and_results(tiny_demo):
   results_end, seeds_begin = (readme_blocks.markers(readme.RESULTS_BLOCK)[1],
                               readme_blocks.markers(readme.SEEDS_BLOCK)[0])
   assert f"{s['ps_late']:.3f}" in block and results_end in block
+  assert f"| chance: keypoint position alone | (k-means" in block.split(results_end)[0]
   assert "| 0 | " in block.split(seeds_begin)[1]  # this world's row of the seeds table
 
 

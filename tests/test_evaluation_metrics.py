@@ -254,6 +254,42 @@ def test_keypoint_nmi_ari_two_points_per_group_hand_computed():
 
 
 # ------------------------------------------------------------------------------------------------
+# Mask coverage (Fig. 4).
+
+
+def test_mask_coverage_half_a_part_and_a_part_that_spills_over_twice_its_area():
+  # One image on a 4 x 4 patch grid; G = 3 true parts (background id 3), K = 3 discovered parts
+  # (background id 3).
+  truth = np.array([[0, 0, 1, 3],
+                    [0, 0, 1, 3],
+                    [2, 2, 3, 3],
+                    [2, 2, 3, 3]])
+  found = np.array([[1, 1, 0, 0],   # part 1 holds the top half of true part 0;
+                    [3, 3, 0, 0],   # part 0 all of true part 1 and as much background again;
+                    [3, 3, 3, 3],   # true part 2 is background but for one patch of part 2
+                    [3, 2, 3, 3]])
+  counts = part_metrics.patch_confusion(truth, found, num_true_parts=3, num_parts=3)
+  assert counts.shape == (4, 4) and counts.sum() == 16
+  assert counts[0, 1] == 2 and counts[0, 3] == 2 and counts[1, 0] == 2 and counts[3, 0] == 2
+  out = part_metrics.mask_coverage(counts)
+  # The background column never matches a part: true part 2's best match is part 2 (1 patch),
+  # not the background (3 patches).
+  np.testing.assert_array_equal(out["best_part"], [1, 0, 2])
+  np.testing.assert_allclose(out["coverage"], [0.5, 1.0, 0.25])
+  np.testing.assert_allclose(out["area_ratio"], [0.5, 2.0, 0.25])
+  # Pooled over a set: the counts add, and a part never present has no coverage.
+  twice = part_metrics.patch_confusion(np.stack([truth, truth]), np.stack([found, found]), 3, 3)
+  np.testing.assert_allclose(part_metrics.mask_coverage(twice)["coverage"], out["coverage"])
+  absent = part_metrics.mask_coverage(part_metrics.patch_confusion(
+      np.where(truth == 2, 3, truth), found, 3, 3))
+  assert np.isnan(absent["coverage"][2]) and np.isnan(absent["area_ratio"][2])
+  with pytest.raises(ValueError, match="same patch grid"):
+    part_metrics.patch_confusion(truth, found[:2], 3, 3)
+  with pytest.raises(ValueError, match="discovered part ids must lie in"):
+    part_metrics.patch_confusion(truth, found + 1, 3, 3)
+
+
+# ------------------------------------------------------------------------------------------------
 # Bootstrap and seeds.
 
 

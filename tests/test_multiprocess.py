@@ -144,6 +144,17 @@ def test_two_processes_match_one_process_through_a_checkpoint(tmp_path):
   import jax
   for a, b in zip(jax.tree_util.tree_leaves(params_multi), jax.tree_util.tree_leaves(params_single)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+  # The evaluation pools the global batch: the part segmentation comes back from the eval step
+  # with the maps (each process holds half of it), so the coverage is the single process's.
+  evals = {}
+  for name, workdir in (("one process", single), ("two processes", multi)):
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+      evals[name] = [json.loads(line) for line in f if '"eval/parts/coverage"' in line][-1]
+  coverage = [k for k in evals["one process"] if k.startswith(("eval/parts/coverage",
+                                                               "eval/parts/area_ratio"))]
+  assert len(coverage) == 2 + 2 * 5, coverage
+  for key in coverage:
+    assert evals["two processes"][key] == evals["one process"][key], key
   # Only process 0 writes logs and metrics; both wrote their data-iterator state.
   step_dir = os.path.join(multi, "checkpoints", str(STEPS))
   data_files = sorted(os.listdir(os.path.join(step_dir, "data")))

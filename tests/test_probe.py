@@ -17,6 +17,7 @@ from metonymy import config_lib
 from metonymy import loading
 from metonymy.data import synthetic
 from metonymy.data import transforms as transforms_lib
+from metonymy.evaluation import position_baseline
 from metonymy.models import vit
 from metonymy.probe import benchmark
 from metonymy.probe import cache as cache_lib
@@ -492,17 +493,48 @@ def _tiny_real_config(name, root, masks_path):
   return config
 
 
+def _position_baseline_by_hand(config, vit_config, seed):
+  """NMI / ARI of the position baseline recomputed from the dataset: every train and test
+  example through the probe's transforms, train carved as the benchmark carves it when the
+  dataset has no val split, k-means with masks.num_parts clusters."""
+  transforms = benchmark.eval_transforms(vit_config, config.data)
+  arrays = {}
+  for role in ("train", "test"):
+    source, info, _ = benchmark.open_split(config.data, config.data[role],
+                                           int(config.data[f"max_{role}"]))
+    examples = [transforms(source[i]) for i in range(len(source))]
+    arrays[role] = {"labels": {"index": np.arange(len(examples)),
+                               "keypoints": np.stack([e["keypoints"] for e in examples]),
+                               "keypoint_visible": np.stack([e["keypoint_visible"]
+                                                             for e in examples])}}
+  train = arrays["train"]
+  if not config.data.val:
+    train, _ = benchmark.carve_validation(train, float(config.data.val_fraction), seed)
+  size = (int(config.data.image_size),) * 2
+  baseline = position_baseline.fit(train["labels"]["keypoints"],
+                                   train["labels"]["keypoint_visible"], size,
+                                   int(config.masks.num_parts), seed=seed)
+  scores = baseline.scores(arrays["test"]["labels"]["keypoints"],
+                           arrays["test"]["labels"]["keypoint_visible"], size,
+                           keypoint_group=info.keypoint_group_array())
+  return scores["parts/position_NMI"], scores["parts/position_ARI"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("dataset", ["cub", "chexpert"])
+@pytest.mark.parametrize("dataset", ["cub", "celeba", "chexpert"])
 def test_probe_job_on_fixture_datasets(tmp_path, dataset):
   """The real-data path: official layouts (miniature fixtures), part maps from files, resize and
-  crop to the backbone, CUB's carved val split and keypoint contingency, CheXpert's MPPO."""
+  crop to the backbone, CUB's carved val split and keypoint contingency, the position baseline
+  beside NMI / ARI on CUB and CelebA, CheXpert's MPPO."""
   from metonymy.data import fixtures as data_fixtures
   from metonymy import data as data_lib
   from metonymy.probe import job
   if dataset == "cub":
     fx = data_fixtures.make_cub(tmp_path / "data", n_images=24)
     root, splits, name = fx.root, ("train", "test"), "probe_cub.py"
+  elif dataset == "celeba":
+    fx = data_fixtures.make_celeba(tmp_path / "data", n_images=60)
+    root, splits, name = fx.root, ("train", "val", "test"), "probe_celeba.py"
   else:
     fx = data_fixtures.make_chexpert(tmp_path / "data")
     root, splits, name = tmp_path / "data", ("train", "valid", "test"), "probe_chexpert.py"
@@ -512,7 +544,7 @@ def test_probe_job_on_fixture_datasets(tmp_path, dataset):
     n = len(data_lib.make_source(dataset, str(root), split, **options))
     np.save(tmp_path / f"maps_{split}.npy", rng.integers(0, 4, (n, 8, 8)).astype(np.int32))
   config = _tiny_real_config(name, root, tmp_path / "maps_{split}.npy")
-  if dataset == "cub":  # The metrics only (the job and its report are run for CheXpert).
+  if dataset == "cub":  # The metrics only (the job and its report: CelebA, CheXpert).
     model, params, vit_config = loading.build_backbone(config.backbone, 0)
     results, _ = benchmark.evaluate("tiny", model, params, vit_config, config, seed=0,
                                     cache_root=str(tmp_path / "cache"), progress=False)
@@ -521,7 +553,24 @@ def test_probe_job_on_fixture_datasets(tmp_path, dataset):
     assert np.shape(results["contingency"]) == (4, 7)  # 3 parts + background x 7 groups
     assert results["num_val"] == round(0.2 * results["num_examples"]["train"])  # carved
     assert "mppo_late" not in results
-  else:
+  elif dataset == "celeba":
+    vit_config = loading.build_backbone(config.backbone, 0)[2]
+    results = job.run(config, str(tmp_path / "work"))
+    report = (tmp_path / "work" / "report.md").read_text()
+    assert "| chance: keypoint position alone (k-means, 3 clusters, on the " in report
+    assert f"| {results['nmi_position']:.2f} [" in report
+  if dataset in ("cub", "celeba"):  # Keypoints: the position baseline is the chance row.
+    seed0 = (next(iter(results["backbones"].values()))["seeds"][0] if "backbones" in results
+             else results)
+    assert seed0["position_baseline"]["num_clusters"] == 3  # K of the part maps
+    nmi, ari = _position_baseline_by_hand(config, vit_config, seed=0)
+    assert results["nmi_position"] == pytest.approx(nmi) and 0.0 <= nmi <= 100.0
+    assert results["ari_position"] == pytest.approx(ari)
+    # Bootstrapped like the parts' NMI (resampling duplicates points and inflates NMI, so the
+    # percentile interval need not hold the point estimate).
+    low, high = results["nmi_position_ci"]
+    assert 0.0 <= low <= high <= 100.0
+  elif dataset == "chexpert":
     results = job.run(config, str(tmp_path / "work"))
     assert results["causal_leakage_early"] == 0.0
     assert np.shape(results["map_matrix_early"]) == (3, 10)

@@ -13,6 +13,7 @@ from scipy import stats as scipy_stats
 from metonymy import config_lib
 from metonymy import readme_blocks
 from metonymy import table3
+from metonymy.demo import subjobs
 from metonymy.table3 import report
 from metonymy.table3 import runs
 from metonymy.table3 import stats
@@ -43,6 +44,61 @@ def test_paired_differences_pair_by_seed_not_by_position():
   summary = stats.summary(rows, metrics=("NMI",))
   assert summary["ste"]["NMI"]["mean"] == pytest.approx(31.0) and summary["ste"]["NMI"]["n"] == 3
   assert summary["single"]["NMI"]["sd"] == pytest.approx(np.std([10.0, 30.0], ddof=1))
+
+
+def _rows_with_position_and_coverage():
+  """Two seeds x (single, ste): the position baseline per seed, coverage of two true parts."""
+  rows = []
+  for seed, (nmi, ari) in ((0, (40.0, 30.0)), (1, (44.0, 34.0))):
+    for variant, cover in (("single", (0.4, 0.6)), ("ste", (0.6, 0.9 - 0.1 * seed))):
+      rows.append({"variant": variant, "seed": seed, "NMI": 10.0 + seed, "ARI": 5.0,
+                   "position_NMI": nmi, "position_ARI": ari, "position_NMI_fg": nmi,
+                   "position_ARI_fg": ari, "coverage": float(np.mean(cover)),
+                   "area_ratio": 1.0, "coverage/0": cover[0], "coverage/1": cover[1],
+                   "area_ratio/0": 0.5, "area_ratio/1": 1.5, "collapsed": False})
+  return rows
+
+
+def test_position_baseline_row_is_the_mean_over_seeds_and_checked_across_variants():
+  rows = _rows_with_position_and_coverage()
+  position = stats.position_baseline(rows)
+  assert position["equal_across_variants"] and position["unequal"] == []
+  assert position["NMI"]["mean"] == pytest.approx(42.0) and position["NMI"]["n"] == 2
+  assert position["ARI"]["mean"] == pytest.approx(32.0)
+  assert position["by_seed"]["1"]["NMI"] == 44.0
+  results = {"summary": stats.summary(rows), "chance_mAP": 0.3, "position_baseline": position}
+  table = report.table3(results)
+  row = [l for l in table.splitlines() if l.startswith("| chance: keypoint position alone")][0]
+  cells = [c.strip() for c in row.strip("|").split("|")]
+  assert cells[2:4] == ["32.0 ± 2.8", "42.0 ± 2.8"]  # ARI, NMI: Table 3's column order
+  assert "the same for every variant of a seed" in cells[1]
+  # A variant scored on other keypoints (or with another K) shows, and is not averaged away.
+  rows[3]["position_NMI"] = 45.0
+  odd = stats.position_baseline(rows)
+  assert not odd["equal_across_variants"] and "seed 1: ste gives NMI 45.0 (not 44.0)" in odd["unequal"][0]
+  assert "differs across the variants of a seed" in report.position_method(odd)
+  assert stats.position_baseline([{"variant": "single", "seed": 0}]) is None
+
+
+def test_coverage_tables_show_means_over_seeds_and_paired_differences():
+  rows = _rows_with_position_and_coverage()
+  metrics = stats.METRICS + stats.coverage_metrics(2)
+  assert stats.coverage_metrics(2) == ("coverage", "area_ratio", "coverage/0", "coverage/1",
+                                       "area_ratio/0", "area_ratio/1")
+  results = {"rows": rows, "true_parts": ["head", "tail"], "summary": stats.summary(rows, metrics),
+             "paired": stats.paired(rows, metrics=metrics)}
+  tables = report.coverage_tables(results)
+  lines = tables.splitlines()
+  assert "| Variant | Coverage, mean over the parts | head | tail |" in lines
+  assert "| STE | 0.72 ± 0.04 | 0.60 ± 0.00 | 0.85 ± 0.07 |" in lines
+  assert "| single-stage | 0.50 ± 0.00 | 0.40 ± 0.00 | 0.60 ± 0.00 |" in lines
+  # STE - single: head +0.2 on both seeds (no spread: the interval is a point, bold), tail +0.3
+  # and +0.2.
+  assert ("| STE (seeds 0, 1) | +0.22 [-0.09, +0.54] | **+0.20 [+0.20, +0.20]** | "
+          "+0.25 [-0.39, +0.89] |") in lines
+  assert results["paired"]["ste"]["coverage/1"]["differences"] == pytest.approx([0.3, 0.2])
+  assert "| Variant | Area ratio, mean over the parts | head | tail |" in lines
+  assert report.coverage_tables({"rows": [{"variant": "single"}]}) == ""
 
 
 def test_configs_load_and_refuse_unknown_args():
@@ -141,6 +197,39 @@ def test_small_job_writes_every_row_and_the_paired_comparison(small_job):
     assert saved["paired"][variant]["ARI"]["differences"] == pytest.approx(diffs)
   assert 0.0 < saved["chance_mAP"] < 1.0
   assert saved["protocol"]["epochs"] == 2 and saved["protocol"]["steps"] > 0
+  # The position baseline: each run's own eval/parts/position_*, the same for every variant of
+  # a seed (it depends on the world, K and the seed only), its row the mean over seeds.
+  position = saved["position_baseline"]
+  assert position["equal_across_variants"] and not position["unequal"]
+  for seed in (0, 1):
+    logged = subjobs.last_eval(os.path.join(workdir, f"single_seed{seed}", "train"))
+    values = {k: by[("single", seed)][f"position_{k}"] for k in ("NMI", "ARI", "NMI_fg", "ARI_fg")}
+    assert values == {k: logged[f"parts/position_{k}"] for k in values}
+    assert 0.0 <= values["NMI"] <= 100.0 and values["NMI_fg"] == values["NMI"]
+    for variant in ("hard", "ste", "soft"):
+      assert {k: by[(variant, seed)][f"position_{k}"] for k in values} == values, (variant, seed)
+    assert position["by_seed"][str(seed)] == values
+  assert position["NMI"]["mean"] == pytest.approx(np.mean(
+      [by[("single", s)]["position_NMI"] for s in (0, 1)]))
+  assert saved["summary"]["ste"]["position_ARI"]["mean"] == pytest.approx(position["ARI"]["mean"])
+  assert "position_NMI" not in saved["paired"]["ste"]  # it does not depend on the variant
+  # Mask coverage: each run's own eval/parts/coverage*, per true part of the world.
+  parts = saved["true_parts"]
+  assert parts == ["head", "body", "wing", "tail", "legs"]
+  for r in rows:
+    logged = subjobs.last_eval(os.path.join(workdir, f"{r['variant']}_seed{r['seed']}", "train"))
+    per_part = [r[f"coverage/{g}"] for g in range(len(parts))]
+    assert per_part == [None if not np.isfinite(logged[f"parts/coverage/{g}"])
+                        else logged[f"parts/coverage/{g}"] for g in range(len(parts))]
+    present = [c for c in per_part if c is not None]
+    assert present and all(0.0 <= c <= 1.0 for c in present)
+    assert r["coverage"] == pytest.approx(np.mean(present))
+    assert all(a is None or a >= c for a, c in zip(
+        [r[f"area_ratio/{g}"] for g in range(len(parts))], per_part) if c is not None)
+  for variant in ("hard", "ste", "soft"):
+    diffs = [by[(variant, s)]["coverage"] - by[("single", s)]["coverage"] for s in (0, 1)]
+    assert saved["paired"][variant]["coverage"]["differences"] == pytest.approx(diffs)
+    assert saved["summary"][variant]["area_ratio/0"]["n"] >= 1
 
 
 @pytest.mark.slow
@@ -151,9 +240,19 @@ def test_small_job_writes_the_report_figure_and_readme_block(small_job):
   assert "| Setting | Method | ARI | NMI | PS | MPPO | mAP Stage 1 |" in text
   assert "(chance level)" in text and "Does Stage 2 train?" in text
   assert "attribute_stage2" in text and "collapse watch" in text
+  position = results["position_baseline"]
+  row = [l for l in text.splitlines() if l.startswith("| chance: keypoint position alone |")]
+  assert len(row) == 1 and "the same for every variant of a seed" in row[0]
+  assert f"| {position['NMI']['mean']:.1f} ± " in row[0]
+  assert "## Mask coverage of the true parts (Fig. 4)" in text
+  assert "| Variant | Coverage, mean over the parts | head | body | wing | tail | legs |" in text
+  ste = results["summary"]["ste"]["coverage"]
+  assert f"| STE | {ste['mean']:.2f} ± {ste['sd']:.2f} |" in text
+  assert "position baseline (chance level of NMI / ARI)" in text
   assert os.path.getsize(os.path.join(workdir, report.FIGURE)) > 10_000
   _, block, tail = readme_blocks.read_block(readme_path, report.README_BLOCK)
   assert "| Two-stage | STE masks |" in block and tail.strip() == "tail"
+  assert "| chance: keypoint position alone |" in block
   # A rerun on the finished workdir trains nothing and reports the same numbers.
   config = config_lib.load_config(CONFIG_FILE, "small")
   again = table3.run(config, workdir)

@@ -100,7 +100,10 @@ def test_short_run_lowers_the_loss_and_writes_everything(reference):
     tables = f.read()  # clu's tables: the head's prototypes and the frozen backbone's blocks.
   assert "Trainable parameters" in tables and "prototypes" in tables and "blocks_0" in tables
   for key, value in scalars.items():
-    assert written[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
+    # metrics.jsonl writes a non-finite value as its string (the coverage of a true part that
+    # holds no patch of the evaluation set is NaN).
+    expected = str(value) if not np.isfinite(value) else pytest.approx(value, rel=1e-6, abs=1e-9)
+    assert written[key] == expected, key
   assert any(n.startswith("events.out.tfevents") for n in os.listdir(f"{workdir}/tensorboard"))
   assert any(n.endswith(".png") for n in os.listdir(f"{workdir}/images"))
   mngr = run_state.manager(workdir)
@@ -138,6 +141,47 @@ def test_short_run_logs_part_shares_and_writes_the_report(reference):
   assert "| part 1 |" in report and "| 0 |" not in report
   assert "| K foreground maps (MPAE) |" in report
   assert ("**Part collapse" in report) == (max(shares) > 0.9)
+
+
+def test_short_run_measures_mask_coverage_of_the_world_parts(reference):
+  """eval/parts/coverage*, eval/parts/area_ratio*: recomputed here with loops from the trained
+  model's maps on the evaluation images and the world's segmentation of them."""
+  workdir, scalars = reference
+  config = _config()
+  trained = loading.load_trained_part_model(workdir)
+  _, eval_source = inputs.sources(config.data)
+  batch = next(iter(inputs.eval_pipeline(eval_source, config.data, trained.image_mean,
+                                         trained.image_std, len(eval_source))))
+  ids = np.asarray(jnp.argmax(trained.maps(jnp.asarray(batch["image"])), 1))  # [B, 4, 4]
+  num_true, num_parts = len(eval_source.info.part_names), trained.num_parts
+  patch = config.data.image_size // ids.shape[1]
+  counts = np.zeros((num_true + 1, num_parts + 1))
+  for i in range(len(eval_source)):
+    seg = np.asarray(eval_source[i]["part_segmentation"])  # the world renders at the model's size
+    for r in range(ids.shape[1]):
+      for c in range(ids.shape[2]):
+        pixels = np.bincount(seg[r * patch:(r + 1) * patch, c * patch:(c + 1) * patch].ravel(),
+                             minlength=num_true + 1)
+        truth = int(np.argmax(np.concatenate([pixels[1:], pixels[:1]])))  # background last
+        counts[truth, ids[i, r, c]] += 1
+  coverage, ratio = [], []
+  for g in range(num_true):
+    if counts[g].sum() == 0:
+      assert np.isnan(scalars[f"eval/parts/coverage/{g}"]), g
+      continue
+    best = int(np.argmax(counts[g, :num_parts]))
+    coverage.append(counts[g, best] / counts[g].sum())
+    ratio.append(counts[:, best].sum() / counts[g].sum())
+    assert scalars[f"eval/parts/best_part/{g}"] == best, g
+    assert scalars[f"eval/parts/coverage/{g}"] == pytest.approx(coverage[-1]), g
+    assert scalars[f"eval/parts/area_ratio/{g}"] == pytest.approx(ratio[-1]), g
+  assert coverage, "no true part on the evaluation images"
+  assert scalars["eval/parts/coverage"] == pytest.approx(np.mean(coverage))
+  assert scalars["eval/parts/area_ratio"] == pytest.approx(np.mean(ratio))
+  with open(os.path.join(workdir, "report.md")) as f:
+    report = f.read()
+  assert "## Mask coverage of the true parts (patch grid)" in report
+  assert f"| {eval_source.info.part_names[0]} | " in report
 
 
 def test_part_masks_from_a_trained_workdir(reference):

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from sklearn import metrics as skm
 
 from metonymy.evaluation import part_names
@@ -151,3 +152,52 @@ def test_evaluate_names_the_overlay_parts_by_their_best_keypoint_match(monkeypat
   assert seen["part_names"][0] == "part 1 (≈ group 1)" and unnamed["image"].ndim == 3
   assert evaluate.evaluate(lambda b: b, [batch], image_mean=(0.5,) * 3, image_std=(0.25,) * 3,
                            num_images=0)["image"] is None
+
+
+def test_evaluate_measures_mask_coverage_on_the_patch_grid_by_plurality():
+  """parts/coverage*, parts/area_ratio*: the segmentation (pixels) meets the maps' 4 x 4 grid of
+  8-px patches; part k of `_quadrant_maps` holds quadrant k, the background the last one."""
+  rng = np.random.default_rng(3)
+  n, parts = 2, 4
+  segmentation = np.zeros((n, 32, 32), np.uint8)
+  segmentation[:, :16, :] = 1  # true part 0: the top half, 8 patches
+  segmentation[:, 16:24, :16] = 2  # true part 1: 2 patches in channel 2's quadrant...
+  # ...and 24 of the 64 pixels of the patch below: the background's by plurality (the
+  # "foreground" rule would make it part 1's, coverage 1 and area ratio 4/3 instead).
+  segmentation[:, 24:27, :8] = 2
+  labels = (rng.random((n, 2)) < 0.5).astype(np.float32)
+  batch = _predictions(rng, _quadrant_maps(n, parts), np.zeros((n, 3, 2), np.float32),
+                       np.ones((n, 3), bool), rng.normal(size=(n, 2)), labels)
+  batch["part_segmentation"] = segmentation
+  halves = [{k: (v[:1] if isinstance(v, np.ndarray) else {h: x[:1] for h, x in v.items()})
+             for k, v in batch.items()},
+            {k: (v[1:] if isinstance(v, np.ndarray) else {h: x[1:] for h, x in v.items()})
+             for k, v in batch.items()}]
+  scalars = evaluate.evaluate(lambda b: b, halves, image_mean=(0.5,) * 3, image_std=(0.25,) * 3,
+                              num_images=0, num_true_parts=3)["scalars"]
+  # True part 0: channels 0 and 1 hold 4 of its 8 patches each (the tie goes to channel 0,
+  # which holds nothing else): half covered, half the area. True part 1: channel 2 holds both
+  # its patches and 2 background ones: fully covered, twice the area. True part 2 has no patch.
+  assert scalars["parts/best_part/0"] == 0 and scalars["parts/best_part/1"] == 2
+  assert np.isnan(scalars["parts/best_part/2"])
+  assert scalars["parts/coverage/0"] == pytest.approx(0.5)
+  assert scalars["parts/area_ratio/0"] == pytest.approx(0.5)
+  assert scalars["parts/coverage/1"] == pytest.approx(1.0)
+  assert scalars["parts/area_ratio/1"] == pytest.approx(2.0)
+  assert np.isnan(scalars["parts/coverage/2"]) and np.isnan(scalars["parts/area_ratio/2"])
+  assert scalars["parts/coverage"] == pytest.approx(0.75)
+  assert scalars["parts/area_ratio"] == pytest.approx(1.25)
+  # Padding rows do not count.
+  padded = dict(batch, valid=np.array([True, False]))
+  one = evaluate.evaluate(lambda b: b, [padded], image_mean=(0.5,) * 3, image_std=(0.25,) * 3,
+                          num_images=0, num_true_parts=3)["scalars"]
+  assert one["parts/coverage/0"] == pytest.approx(0.5) and one["num_examples"] == 1
+  # Without the number of true parts (a dataset without segmentation), no coverage.
+  none = evaluate.evaluate(lambda b: b, [batch], image_mean=(0.5,) * 3, image_std=(0.25,) * 3,
+                           num_images=0)["scalars"]
+  assert not any(k.startswith(("parts/coverage", "parts/area_ratio")) for k in none)
+  report = evaluate.report_markdown(scalars, [], title="t", step=1, total_steps=1,
+                                    true_part_names=("head", "body", "tail"))
+  assert "| head | part 1 | 0.500 | 0.500 |" in report
+  assert "| body | part 3 | 1.000 | 2.000 |" in report and "| tail | n/a | n/a | n/a |" in report
+  assert "| mean over the true parts | | 0.750 | 1.250 |" in report

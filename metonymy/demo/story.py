@@ -125,6 +125,9 @@ def story_results(config, backbone: str, stand_in_record: Optional[Dict], bench:
           "nmi_two_stage": two["NMI"], "ari_two_stage": two["ARI"],
           "nmi_fg_single": single["NMI_fg"], "ari_fg_single": single["ARI_fg"],
           "nmi_fg_two_stage": two["NMI_fg"], "ari_fg_two_stage": two["ARI_fg"],
+          # Both runs fit it on the same training keypoints with the same K and seed.
+          "nmi_position": (single["position_baseline"] or {}).get("NMI"),
+          "ari_position": (single["position_baseline"] or {}).get("ARI"),
           "max_part_share_single": single["max_part_share"],
           "max_part_share_two_stage": two["max_part_share"],
           "collapsed": single["collapsed"] or two["collapsed"],
@@ -144,6 +147,11 @@ def _part_discovery(scalars: Dict[str, float]) -> Dict:
          "AUROC": {h: _pick(scalars, f"{h}/AUROC") for h in heads}}
   for k in ("NMI", "ARI", "NMI_fg", "ARI_fg"):
     out[k] = _pick(scalars, f"parts/{k}")
+  # The chance row: k-means on the training keypoints' positions, scored at the same keypoints
+  # (evaluation/position_baseline.py); None where the run fit none.
+  out["position_baseline"] = ({k: _pick(scalars, f"parts/position_{k}")
+                               for k in ("NMI", "ARI", "NMI_fg", "ARI_fg")}
+                              if "parts/position_NMI" in scalars else None)
   out["num_examples"] = scalars.get("num_examples")
   # Does Stage 2 train? |theta - theta_0| / |theta_0| of its ViT over the run (two-stage only).
   out["stage2_vit_relative_change"] = _pick(scalars, "relative_change/backbone")

@@ -51,6 +51,7 @@ def results_tables(results: Dict) -> List[str]:
       rows.append([name, label[h], fmt(r["mAP"].get(h))] + parts)
   chance = pd.get("chance_mAP")
   rows.append(["constant predictor", "(chance level)", fmt(chance), "0", "0", "0", "0", ""])
+  rows += position_rows(pd)
   discovery = probe_report.markdown_table(["Model", "Attribute head", "mAP", "NMI", "ARI", "NMI fg", "ARI fg",
                      "largest part share"], rows)
   quality = (results["backbone"].get("quality_val") or {})
@@ -66,6 +67,24 @@ def results_tables(results: Dict) -> List[str]:
   stand_in = probe_report.markdown_table(["Stand-in backbone, on `val`", "value", "chance level"],
                    rows) if quality else ""
   return [leak, "", discovery, "", stand_in, "", priors_table(pd.get("priors"))]
+
+
+def position_rows(part_discovery: Dict) -> List[List[str]]:
+  """The discovery table's chance rows for NMI / ARI: where a keypoint lies, without the image
+  (k-means on the training keypoints, the runs' `eval/parts/position_*`). One row when both runs
+  measured the same (same training keypoints, K and seed), one per run otherwise; none in a
+  results.json that predates it."""
+  measured = [(name, part_discovery[key].get("position_baseline"))
+              for key, name in (("single", "single-stage"), ("two_stage_ste", "two-stage STE"))
+              if part_discovery.get(key, {}).get("position_baseline")]
+  if len({tuple(sorted(p.items())) for _, p in measured}) > 1:
+    shown = [(f" (K of {name})", p) for name, p in measured]
+  else:
+    shown = [("", p) for _, p in measured[:1]]
+  return [["chance: keypoint position alone" + suffix,
+           "(k-means on the training keypoints; no image)", "",
+           fmt(p["NMI"], 1), fmt(p["ARI"], 1), fmt(p["NMI_fg"], 1), fmt(p["ARI_fg"], 1), ""]
+          for suffix, p in shown]
 
 
 def priors_table(priors: Optional[Dict[str, Dict]]) -> str:
@@ -127,8 +146,9 @@ def summary_line(results: Dict) -> str:
   """The console's one-line summary of a story run."""
   s = results["summary"]
   return ("[demo] PS late {} / early {}; causal leakage late {} / early {}; mAP single {} / "
-          "two-stage stage 2 {} / ensemble {}; NMI single {} / two-stage {}").format(
+          "two-stage stage 2 {} / ensemble {}; NMI single {} / two-stage {} (keypoint position "
+          "alone {})").format(
               fmt(s["ps_late"]), fmt(s["ps_early"]), fmt(s["causal_leakage_late"], 4),
               fmt(s["causal_leakage_early"], 4), fmt(s["map_single"]),
               fmt(s["map_two_stage_stage2"]), fmt(s["map_two_stage_ensemble"]),
-              fmt(s["nmi_single"], 1), fmt(s["nmi_two_stage"], 1))
+              fmt(s["nmi_single"], 1), fmt(s["nmi_two_stage"], 1), fmt(s.get("nmi_position"), 1))

@@ -2,7 +2,8 @@
 
   metrics       attribute AP / mAP / AUROC, vectorized over columns, with sample weights
   part_metrics  contingency matrix, part assignment (tau or manual), PS (eq. 1), MPPO (eq. 2),
-                NMI / ARI of part assignments at keypoints
+                NMI / ARI of part assignments at keypoints, mask coverage of the true parts
+                on the patch grid (Fig. 4)
   bootstrap     bootstrap confidence intervals and averaging over seeds
   position_baseline  the position-only partition, the chance row of NMI / ARI
   part_names    how discovered parts are named ("part k", "part k (≈ wing)") and coloured

@@ -1,4 +1,5 @@
-"""Part-level metrics: contingency, part assignment, PS (eq. 1), MPPO (eq. 2), NMI / ARI.
+"""Part-level metrics: contingency, part assignment, PS (eq. 1), MPPO (eq. 2), NMI / ARI, and the
+mask coverage of the true parts on the patch grid (Fig. 4).
 
 Names: K discovered parts (ids 0..K-1, background id K), G ground-truth parts (keypoint groups
 or attribute groups), A attributes, S samples, M keypoints per sample.
@@ -291,3 +292,66 @@ def keypoint_nmi_ari(keypoint_part: np.ndarray, num_parts: int, *, include_backg
   counts = keypoint_counts(kp, num_parts, weights, keypoint_group=keypoint_group)  # [K + 1, G]
   nmi, ari = nmi_ari_from_counts(counts.T)
   return {"nmi": 100.0 * nmi, "ari": 100.0 * ari, "num_points": float(counts.sum())}
+
+
+# ------------------------------------------------------------------------------------------------
+# Mask coverage on the patch grid (Fig. 4): how much of each true part its best-matching
+# discovered part covers, and how far that part spills beyond it.
+
+
+def patch_confusion(true_part_ids: np.ndarray, discovered_part_ids: np.ndarray,
+                    num_true_parts: int, num_parts: int) -> np.ndarray:
+  """Co-occurrence counts n[g, k] = #{patches of true label g whose discovered label is k}.
+
+  Args:
+    true_part_ids: int [..., h, w] in 0..G (G = background): the ground truth on the patch grid
+      (e.g. `probe.masks.patch_part_ids` of a part segmentation, plurality rule).
+    discovered_part_ids: int [..., h, w] in 0..K (K = background): the argmax over the K + 1 maps.
+    num_true_parts: G.
+    num_parts: K.
+
+  Returns:
+    float64 [G + 1, K + 1]; row G and column K count the backgrounds' patches.
+  """
+  truth = np.asarray(true_part_ids, np.int64)
+  found = np.asarray(discovered_part_ids, np.int64)
+  if truth.shape != found.shape:
+    raise ValueError(f"true part ids {truth.shape} and discovered part ids {found.shape} must "
+                     f"lie on the same patch grid")
+  for name, ids, top in (("true", truth, num_true_parts), ("discovered", found, num_parts)):
+    if ids.size and (ids.min() < 0 or ids.max() > top):
+      raise ValueError(f"{name} part ids must lie in [0, {top}], got [{ids.min()}, {ids.max()}]")
+  flat = truth.ravel() * (num_parts + 1) + found.ravel()
+  counts = np.bincount(flat, minlength=(num_true_parts + 1) * (num_parts + 1))
+  return counts.reshape(num_true_parts + 1, num_parts + 1).astype(np.float64)
+
+
+def mask_coverage(counts: np.ndarray) -> Dict[str, np.ndarray]:
+  """Per true part g of a patch confusion n [G + 1, K + 1] (`patch_confusion`, summed over a set):
+
+    best_part   k*(g) = argmax over the K foreground parts of n[g, k] (the background column
+                never matches a part; ties go to the lower k)
+    coverage    n[g, k*] / sum_k n[g, k]: the share of part g's patches labelled k*; a mask
+                that holds only part of the region scores below 1
+    area_ratio  sum_g' n[g', k*] / sum_k n[g, k]: every patch labelled k* (other parts' and the
+                background's included) over part g's patches; above 1 when k* spills out
+
+  Args:
+    counts: float [G + 1, K + 1], background row and column last.
+
+  Returns:
+    {"best_part": int64 [G], "coverage": float64 [G], "area_ratio": float64 [G]}; coverage and
+    area_ratio are NaN for a part with no patch (best_part then 0).
+  """
+  n = np.asarray(counts, np.float64)
+  if n.ndim != 2 or min(n.shape) < 2:
+    raise ValueError(f"counts must be [G + 1, K + 1] with G, K >= 1, got shape {n.shape}")
+  parts = n[:-1]  # [G, K + 1]: the true parts' rows
+  best = np.argmax(parts[:, :-1], axis=1)
+  size = parts.sum(1)
+  covered = parts[np.arange(len(parts)), best]
+  labelled = n[:, best].sum(0)  # [G]: the patches labelled k*(g), anywhere
+  with np.errstate(invalid="ignore", divide="ignore"):
+    coverage = np.where(size > 0, covered / size, np.nan)
+    area_ratio = np.where(size > 0, labelled / size, np.nan)
+  return {"best_part": best.astype(np.int64), "coverage": coverage, "area_ratio": area_ratio}

@@ -49,20 +49,22 @@ class PositionBaseline:
     return np.where(np.asarray(visible, bool), nearest, part_metrics.INVISIBLE).astype(np.int64)
 
   def scores(self, keypoints: np.ndarray, visible: np.ndarray, image_hw: Sequence[int], *,
-             keypoint_group=None) -> Dict[str, float]:
+             keypoint_group=None, weights=None) -> Dict[str, float]:
     """NMI / ARI (x100) of this partition at the given keypoints, keyed as `SCALAR_KEYS`."""
     return self.score_parts(self.keypoint_part(keypoints, visible, image_hw),
-                            keypoint_group=keypoint_group)
+                            keypoint_group=keypoint_group, weights=weights)
 
-  def score_parts(self, keypoint_part: np.ndarray, *, keypoint_group=None) -> Dict[str, float]:
-    """`SCALAR_KEYS` from this partition's clusters at keypoints (`keypoint_part`, [S, M]).
+  def score_parts(self, keypoint_part: np.ndarray, *, keypoint_group=None,
+                  weights=None) -> Dict[str, float]:
+    """`SCALAR_KEYS` from this partition's clusters at keypoints (`keypoint_part`, [S, M]);
+    `weights` [S], optional per-sample weights (bootstrap multiplicities).
 
     The partition has no background cluster, so the background-included and the
     foreground-only variants coincide; both are reported so every model column has its row.
     """
     # The clusters play the K foreground parts; id C (the background) never occurs.
     result = part_metrics.keypoint_nmi_ari(keypoint_part, self.num_clusters,
-                                           keypoint_group=keypoint_group)
+                                           keypoint_group=keypoint_group, weights=weights)
     nmi, ari = float(result["nmi"]), float(result["ari"])
     return {"parts/position_NMI": nmi, "parts/position_ARI": ari,
             "parts/position_NMI_fg": nmi, "parts/position_ARI_fg": ari}

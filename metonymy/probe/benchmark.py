@@ -8,8 +8,10 @@ Steps:
      per backbone, dataset, split and masking).
   2. K linear probes per masking, weight decay chosen on val (linear.py).
   3. On test: the mAP and AUROC matrices [K, G], the contingency matrix and part assignment, PS
-     (eq. 1), MPPO (eq. 2) where ground-truth masks exist, NMI / ARI where keypoints exist, with
-     percentile bootstrap intervals over test images (the assignment is held fixed).
+     (eq. 1), MPPO (eq. 2) where ground-truth masks exist, NMI / ARI where keypoints exist
+     beside their chance row (the position baseline: k-means with K clusters on the train
+     split's keypoints, evaluation/position_baseline.py), with percentile bootstrap intervals
+     over test images (the assignment and the baseline's clusters are held fixed).
   4. The causal leakage score on the first `evaluation.leakage_images` test images (leakage.py).
 
 `config` is a probe job config (configs/probe_*.py); only its data, masks, features, probe and
@@ -30,6 +32,7 @@ from metonymy.data import transforms as transforms_lib
 from metonymy.evaluation import bootstrap as bootstrap_lib
 from metonymy.evaluation import metrics
 from metonymy.evaluation import part_metrics
+from metonymy.evaluation import position_baseline as position_baseline_lib
 from metonymy.probe import cache as cache_lib
 from metonymy.probe import extract as extract_lib
 from metonymy.probe import features as features_lib
@@ -56,9 +59,14 @@ def open_split(data_cfg, split: str, max_examples: int):
   return source, info, None
 
 
+def input_size(vit_config, data_cfg) -> int:
+  """The side of the square images the backbone sees (`eval_transforms`' crop)."""
+  return int(data_cfg.image_size or vit_config.image_size)
+
+
 def eval_transforms(vit_config, data_cfg):
   """Resize the shorter side, centre crop to the backbone's input, normalize with its stats."""
-  size = int(data_cfg.image_size or vit_config.image_size)
+  size = input_size(vit_config, data_cfg)
   if size % vit_config.patch_size:
     raise ValueError(f"data.image_size {size} is not a multiple of the patch size "
                      f"{vit_config.patch_size}")
@@ -116,6 +124,12 @@ def attribute_mask_index(info, num_masks: int) -> Optional[np.ndarray]:
 # Extraction.
 
 
+# The labels stream's folder. "-v2": it holds the keypoints' positions too (the position
+# baseline); a cache written before recomputes its labels alone (one pass over the images and the
+# part masks, no backbone forward) and keeps its features.
+LABELS_FOLDER = "labels-v2"
+
+
 def _stream_names(features_cfg) -> Dict[str, str]:
   """masking -> folder name (the feature options that change the arrays are in the name)."""
   return {"late": f"late-{features_cfg.late_weights}", "early": f"early-{features_cfg.prefix}"}
@@ -171,7 +185,8 @@ def extract_splits(name: str, model, params, vit_config, config, cache_root: str
     }
     split_dir = os.path.join(cache_root, backbone_dir,
                              f"{_slug(data_cfg.dataset)}-{cache_lib.fingerprint(identity)}", split)
-    stream_dirs = {"labels": "labels", **{m: _stream_names(features_cfg)[m] for m in maskings}}
+    stream_dirs = {"labels": LABELS_FOLDER,
+                   **{m: _stream_names(features_cfg)[m] for m in maskings}}
     stores = {
         stream: cache_lib.ChunkStore(os.path.join(split_dir, folder),
                                      {"backbone": name, "backbone_fingerprint": backbone_dir,
@@ -271,6 +286,12 @@ def evaluate(name: str, model, params, vit_config, config, *, seed: int, cache_r
     assignment[:, g] = manual[:, g]
     assignment_source[g] = "manual"
 
+  # The chance row of NMI / ARI: where a keypoint lies, without the image. K clusters fit on
+  # the probes' training split (positions as the transforms leave them), predicting test's.
+  baseline, position_parts = position_baseline_parts(train["labels"], labels,
+                                                     input_size(vit_config, config.data),
+                                                     num_parts, seed)
+
   # MPPO inputs.
   mask_index = None
   if "overlap" in labels:
@@ -314,6 +335,10 @@ def evaluate(name: str, model, params, vit_config, config, *, seed: int, cache_r
                                           keypoint_part_foreground=labels.get("keypoint_part_fg"),
                                           keypoint_group=keypoint_group, weights=w)
         out[f"nmi_{suffix}"], out[f"ari_{suffix}"] = r["nmi"], r["ari"]
+    if position_parts is not None:
+      # No background cluster: the foreground-only variant is the same number.
+      r = baseline.score_parts(position_parts, keypoint_group=keypoint_group, weights=w)
+      out["nmi_position"], out["ari_position"] = r["parts/position_NMI"], r["parts/position_ARI"]
     return out
 
   started = time.perf_counter()
@@ -335,6 +360,8 @@ def evaluate(name: str, model, params, vit_config, config, *, seed: int, cache_r
              "tau": float(eval_cfg.tau),
              "contingency": None if contingency is None else _json(contingency),
              "keypoint_groups": list(info.keypoint_groups),
+             "position_baseline": None if baseline is None else {
+                 "num_clusters": baseline.num_clusters, "num_points": baseline.num_points},
              "attribute_part": attr_group.tolist(),
              "part_presence": _json((test["labels"]["part_patches"] > 0).mean(0)),
              "patches_per_part": _json(test["labels"]["part_patches"].mean(0)),
@@ -349,6 +376,24 @@ def evaluate(name: str, model, params, vit_config, config, *, seed: int, cache_r
     results["mppo_attributes"] = list(info.attribute_names)
   visuals = {"leakage_examples": leak_visual}
   return results, visuals
+
+
+def position_baseline_parts(train_labels: Mapping[str, np.ndarray],
+                            test_labels: Mapping[str, np.ndarray], image_size: int,
+                            num_parts: int, seed: int):
+  """(baseline, int [N_test, M] its cluster under each test keypoint, -1 where invisible): the
+  position baseline with `num_parts` clusters fit on the train role's keypoints (the labels
+  stream's, in pixels of the image_size x image_size input); (None, None) without keypoints."""
+  if "keypoints" not in train_labels or "keypoint_part" not in test_labels:
+    return None, None
+  image_hw = (image_size, image_size)
+  baseline = position_baseline_lib.fit(train_labels["keypoints"],
+                                       train_labels["keypoint_visible"], image_hw, num_parts,
+                                       seed=seed)
+  if baseline is None:
+    return None, None
+  return baseline, baseline.keypoint_part(test_labels["keypoints"],
+                                          test_labels["keypoint_visible"], image_hw)
 
 
 def _nanmean(x, axis):

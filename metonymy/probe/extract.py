@@ -6,6 +6,8 @@ Streams, each its own ChunkStore folder:
           part_patches int32 [N, K] (patches of each part),
           keypoint_part int16 [N, M] (with keypoints, one column per keypoint, grouped by
           DatasetInfo.keypoint_group_ids), keypoint_part_fg int16 [N, M] (soft maps),
+          keypoints float32 [N, M, 2] and keypoint_visible bool [N, M] (with keypoints: (x, y)
+          pixels of the transformed image, for the position baseline),
           overlap bool [N, K, T] and has_masks bool [N] (with ground-truth masks)
   late    features float32 [N, K, D], present bool [N, K]
   early   features float32 [N, K, D], present bool [N, K]
@@ -52,6 +54,8 @@ def annotate(batch: Mapping[str, np.ndarray], maps: masks_lib.PartMaps, part_ids
                        == np.arange(num_parts)).sum(1).astype(np.int32),
   }
   if "keypoints" in batch:
+    out["keypoints"] = np.asarray(batch["keypoints"], np.float32)
+    out["keypoint_visible"] = np.asarray(batch["keypoint_visible"], bool)
     out["keypoint_part"] = masks_lib.keypoint_parts(maps.labels, batch["keypoints"],
                                                     batch["keypoint_visible"])
     if maps.foreground is not None:

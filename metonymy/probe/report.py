@@ -3,7 +3,8 @@
 results.json:
   top level: the first backbone of the run (its name in `backbone`), averaged over seeds:
     ps_late, ps_early, ps_gap, causal_leakage_late, causal_leakage_early, map_matrix_late,
-    map_matrix_early (and the other metrics when defined: mppo_*, nmi_*, ari_*, auroc_matrix_*);
+    map_matrix_early (and the other metrics when defined: mppo_*, nmi_*, ari_*, auroc_matrix_*;
+    nmi_position / ari_position: the position baseline at the test keypoints, the chance row);
   backbones: {name: {"mean": {...}, "std": {...}, "num_seeds": n, "seeds": [per-seed results,
     each with `<metric>_ci` = [low, high] bootstrap intervals over test images]}};
   skipped: {name: reason} for suite backbones that did not run.
@@ -25,11 +26,12 @@ from metonymy.workdir import Workdir
 _NON_METRIC = {"backbone", "seed", "dataset", "num_parts", "part_names", "groups", "num_examples",
                "maskings", "probes", "assignment", "assignment_source", "tau", "keypoint_groups",
                "bootstrap", "mppo_attributes", "num_train", "num_val", "num_test",
-               "attribute_part"}
+               "attribute_part", "position_baseline"}
 TOP_LEVEL = ("ps_late", "ps_early", "ps_gap", "causal_leakage_late", "causal_leakage_early",
              "map_matrix_late", "map_matrix_early", "auroc_matrix_late", "auroc_matrix_early",
              "mppo_late", "mppo_early", "mppo_per_attribute_late", "mppo_per_attribute_early",
              "nmi_with_background", "ari_with_background", "nmi_foreground", "ari_foreground",
+             "nmi_position", "ari_position",
              "ps_per_group_late", "ps_per_group_early", "contingency")
 
 
@@ -241,6 +243,11 @@ def write(workdir: str, config, results: Dict, visuals: Mapping[str, Dict],
                 "raises the mAP of the other parts):", "",
                 markdown_table(["Masking", "mAP, matched parts", "mAP, other parts", "PS"], terms), ""]
     if "nmi_with_background" in b["mean"] or "nmi_foreground" in b["mean"]:
+      fit = seed0.get("position_baseline")
+      position = [[f"chance: keypoint position alone (k-means, {fit['num_clusters']} clusters, "
+                   f"on the {fit['num_points']} visible training keypoints; no image)",
+                   _cell(b, "nmi_position", 2), _cell(b, "ari_position", 2)]
+                  ] if fit and "nmi_position" in b["mean"] else []
       # Both variants side by side: a collapse onto the background gives 0 with the background
       # while the foreground-only argmax may still partition the object.
       lines += ["NMI / ARI (x100) at the visible keypoints against their groups. With background: "
@@ -251,7 +258,7 @@ def write(workdir: str, config, results: Dict, visuals: Mapping[str, Dict],
                     ["with background", _cell(b, "nmi_with_background", 2),
                      _cell(b, "ari_with_background", 2)],
                     ["foreground only", _cell(b, "nmi_foreground", 2),
-                     _cell(b, "ari_foreground", 2)]]), ""]
+                     _cell(b, "ari_foreground", 2)]] + position), ""]
     for m in seed0["maskings"]:
       if f"map_matrix_{m}" in b["mean"]:
         lines += [f"mAP matrix, {m} masking (rows: parts, columns: groups):", "",

@@ -40,6 +40,9 @@ def run(config, workdir: str) -> Dict:
       dirs[(variant, int(seed))] = train_dir
       console.console(report.row_line(rows[-1]))
   training = runs.training_config(config, config.variants[0])
+  eval_data = subjobs.with_world(training, world).data
+  true_parts = list(references.evaluated_examples(eval_data)[0].info.part_names)
+  coverage = stats.coverage_metrics(len(true_parts)) if any("coverage" in r for r in rows) else ()
   results = {
       "job": "table3",
       "world": world.to_dict(),
@@ -48,10 +51,13 @@ def run(config, workdir: str) -> Dict:
       "backbone": {"path": os.path.abspath(backbone), "source": (record or {}).get("source"),
                    "quality_val": (record or {}).get("quality_val")},
       "protocol": report.protocol(config, training),
-      "chance_mAP": references.chance_map(subjobs.with_world(training, world).data),
+      "chance_mAP": references.chance_map(eval_data),
+      "true_parts": true_parts,
       "rows": rows,
-      "summary": stats.summary(rows),
-      "paired": stats.paired(rows),
+      "summary": stats.summary(rows, stats.METRICS + stats.POSITION_METRICS + coverage),
+      "paired": stats.paired(rows, metrics=stats.METRICS + coverage),
+      # Table 3's chance row of NMI / ARI: mean over seeds, checked equal across variants.
+      "position_baseline": stats.position_baseline(rows),
       "seconds": time.perf_counter() - start,
       "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                   **machine_load.at_end(load_at_start)},

@@ -87,7 +87,9 @@ def row_line(row: Dict) -> str:
   return (f"[table3] {row['variant']} seed {row['seed']}: NMI {fmt(row['NMI'], 1)}, ARI "
           f"{fmt(row['ARI'], 1)}, PS {fmt(row['PS'], 3)}, MPPO {fmt(row['MPPO'], 3)}, mAP stage 1 "
           f"{fmt(row['mAP_stage1'], 3)} / stage 2 {fmt(row['mAP_stage2'], 3)}, largest part share "
-          f"{fmt(row['max_part_share'], 2)}{' COLLAPSED' if row['collapsed'] else ''}")
+          f"{fmt(row['max_part_share'], 2)}, coverage {fmt(row.get('coverage'), 2)} (area ratio "
+          f"{fmt(row.get('area_ratio'), 2)}), position baseline NMI "
+          f"{fmt(row.get('position_NMI'), 1)}{' COLLAPSED' if row['collapsed'] else ''}")
 
 
 def table3(results: Dict) -> str:
@@ -100,7 +102,22 @@ def table3(results: Dict) -> str:
   chance = ["constant predictor", "(chance level)", "0", "0", "0", "", "", "", "", ""]
   chance[COLUMNS.index(("mAP_stage1", "mAP Stage 1", 3)) + 2] = text.fmt(results["chance_mAP"], 3)
   rows.append(chance)
+  position = results.get("position_baseline")
+  if position:
+    row = ["chance: keypoint position alone", position_method(position)] + [""] * len(COLUMNS)
+    row[2 + COLUMNS.index(("ARI", "ARI", 1))] = _mean_sd(position["ARI"], 1)
+    row[2 + COLUMNS.index(("NMI", "NMI", 1))] = _mean_sd(position["NMI"], 1)
+    rows.append(row)
   return probe_report.markdown_table(header, rows)
+
+
+def position_method(position: Dict) -> str:
+  """The position row's second cell: what it is, and whether every variant of a seed agreed."""
+  seeds = position["NMI"]["n"]
+  agreed = ("the same for every variant of a seed" if position["equal_across_variants"] else
+            "**differs across the variants of a seed**: " + "; ".join(position["unequal"]))
+  return (f"(chance level: k-means on the training keypoints, no image; mean over {seeds} "
+          f"run seed{'s' if seeds != 1 else ''}, {agreed})")
 
 
 def paired_table(results: Dict) -> str:
@@ -109,6 +126,40 @@ def paired_table(results: Dict) -> str:
           + [_interval(cells[m], d) for m, d in PAIRED]
           for v, cells in results["paired"].items()]
   return probe_report.markdown_table(header, rows)
+
+
+def _true_parts(results: Dict) -> List[str]:
+  """The true parts the rows carry coverage for (results.json's `true_parts`, else numbered)."""
+  rows = [r for r in results["rows"] if "coverage" in r]
+  if not rows:
+    return []
+  count = sum(1 for k in rows[0] if k.startswith("coverage/"))
+  names = list(results.get("true_parts") or [])
+  return names if len(names) == count else [f"true part {g + 1}" for g in range(count)]
+
+
+def coverage_tables(results: Dict) -> str:
+  """Mask coverage (Fig. 4) per variant, mean ± sd over run seeds, per true part and the mean
+  over the parts, then two-stage minus single-stage paired by seed; "" when no row has it."""
+  parts = _true_parts(results)
+  if not parts:
+    return ""
+  blocks = []
+  for name, title in (("coverage", "Coverage"), ("area_ratio", "Area ratio")):
+    keys = [name] + [f"{name}/{g}" for g in range(len(parts))]
+    header = ["Variant", f"{title}, mean over the parts"] + parts
+    rows = [[label(v)] + [_mean_sd(cells[k], 2) if k in cells else "n/a" for k in keys]
+            for v, cells in results["summary"].items()]
+    paired = [[label(v) + f" (seeds {', '.join(map(str, cells['seeds']))})"]
+              + [_interval(cells[k], 2) if k in cells else "n/a" for k in keys]
+              for v, cells in results["paired"].items()]
+    blocks += [probe_report.markdown_table(header, rows),
+               f"{title}, two-stage variant − single-stage (paired by seed, 95% t interval; bold "
+               f"where it excludes 0):",
+               probe_report.markdown_table(
+                   ["Two-stage variant − single-stage", f"Δ {title.lower()}, mean"]
+                   + [f"Δ {p}" for p in parts], paired)]
+  return "\n\n".join(blocks)
 
 
 def _by_variant(rows: List[Dict]) -> Dict[str, List[Dict]]:
@@ -158,11 +209,12 @@ def mechanism_table(results: Dict) -> str:
 
 def seed_table(results: Dict) -> str:
   keys = ("variant", "seed", "world_seed", "NMI", "ARI", "NMI_fg", "ARI_fg", "PS", "MPPO",
-          "mAP_stage1", "mAP_stage2", "mAP_ensemble", "max_part_share", "collapsed")
+          "mAP_stage1", "mAP_stage2", "mAP_ensemble", "max_part_share", "coverage",
+          "area_ratio", "position_NMI", "position_ARI", "collapsed")
   digits = {"PS": 3, "MPPO": 3, "mAP_stage1": 3, "mAP_stage2": 3, "mAP_ensemble": 3,
-            "max_part_share": 2}
+            "max_part_share": 2, "coverage": 2, "area_ratio": 2}
   rows = [[str(r[k]) if k in ("variant", "seed", "world_seed", "collapsed")
-           else text.fmt(r[k], digits.get(k, 1)) for k in keys] for r in results["rows"]]
+           else text.fmt(r.get(k), digits.get(k, 1)) for k in keys] for r in results["rows"]]
   return probe_report.markdown_table(list(keys), rows)
 
 
@@ -195,16 +247,27 @@ def summary_lines(results: Dict) -> List[str]:
   lines = []
   for variant, cells in results["paired"].items():
     verdicts = []
-    for metric in ("NMI", "ARI"):
+    for metric in ("NMI", "ARI", "coverage"):
+      if metric not in cells:  # (coverage: only worlds with a part segmentation)
+        continue
+      digits = 2 if metric == "coverage" else 1
       ci = cells[metric]["ci"]
       if ci is None:
-        verdicts.append(f"{metric} {cells[metric]['mean']:+.1f} (one seed, no interval)"
+        verdicts.append(f"{metric} {cells[metric]['mean']:+.{digits}f} (one seed, no interval)"
                         if cells[metric]["mean"] is not None else f"{metric} n/a")
       else:
         side = ("above" if ci[0] > 0 else "below" if ci[1] < 0 else "not distinguishable from")
-        verdicts.append(f"{metric} {cells[metric]['mean']:+.1f} [{ci[0]:+.1f}, {ci[1]:+.1f}]: "
-                        f"{side} single-stage")
+        verdicts.append(f"{metric} {cells[metric]['mean']:+.{digits}f} [{ci[0]:+.{digits}f}, "
+                        f"{ci[1]:+.{digits}f}]: {side} single-stage")
     lines.append(f"{label(variant)}: " + "; ".join(verdicts))
+  position = results.get("position_baseline")
+  if position:
+    lines.append(f"position baseline (chance level of NMI / ARI): NMI "
+                 f"{text.fmt(position['NMI']['mean'], 1)}, ARI "
+                 f"{text.fmt(position['ARI']['mean'], 1)}; "
+                 + ("the same for every variant of a seed" if position["equal_across_variants"]
+                    else "DIFFERS across the variants of a seed: "
+                    + "; ".join(position["unequal"])))
   collapsed = [f"{r['variant']} seed {r['seed']}" for r in results["rows"] if r["collapsed"]]
   lines.append("collapse watch: " + (", ".join(collapsed) + " collapsed (one part above 90% of "
                                      "the patches or a part empty)" if collapsed else
@@ -221,12 +284,22 @@ def markdown(results: Dict) -> str:
       "## Single vs two-stage (Table 3, with Table S6's mAP columns)\n\nMean ± sd over run "
       f"seeds. Chance level: mAP {chance} (a constant predictor on the scored images), NMI = "
       "ARI = 0 (one part for every patch), PS = 0 (no part more predictive of its own "
-      "attributes than the others).",
+      "attributes than the others); and the NMI / ARI of keypoint position alone (k-means "
+      "with K clusters on the training keypoints, scored at the same keypoints as the models' "
+      "parts), the level a part model must beat before its parts say more than where a point "
+      "lies.",
       table3(results),
       "## Paired by run seed\n\nTwo-stage minus single-stage, mean over seeds with the 95% "
       "Student-t interval; bold where the interval excludes 0.",
       paired_table(results),
       "\n".join(f"- {line}" for line in summary_lines(results)),
+      *(["## Mask coverage of the true parts (Fig. 4)\n\nOn the maps' patch grid, for each "
+         "true part: its best-matching discovered part (the one holding most of its patches "
+         "over the scored images; never the background), the share of the part's patches that "
+         "part holds (coverage; a lazy mask that covers a piece of the region scores low) and "
+         "all the patches it holds over the part's (area ratio; above 1 it spills beyond the "
+         "part). Mean ± sd over run seeds.", coverage_tables(results)]
+        if coverage_tables(results) else []),
       "## Does Stage 2 train?\n\nRelative change of Stage 2's ViT weights over the run "
       "(|θ − θ₀| / |θ₀|) and the heads' mAP at step 0 against the end (means over seeds).",
       stage2_table(results),

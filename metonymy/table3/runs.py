@@ -2,6 +2,7 @@
 through the project's own jobs, and its row read back from what they wrote."""
 
 import json
+import math
 import os
 from typing import Dict, Optional
 
@@ -87,7 +88,26 @@ def row(variant: str, seed: int, world_seed: int, train_dir: str, probe: Dict) -
       "grad_norm_start": mechanism.get(0, {}),
       "grad_norm_end": mechanism.get(max(mechanism), {}) if len(mechanism) > 1 else {},
       "part_share": [last[f"part_share/{k}"] for k in range(_num_groups(last))],
+      # The chance row of NMI / ARI (a function of the world, K and the run seed only, so the
+      # same for every variant of a seed) and the mask coverage of the true parts.
+      **{f"position_{k}": last.get(f"parts/position_{k}") for k in ("NMI", "ARI", "NMI_fg",
+                                                                     "ARI_fg")},
+      **coverage(last),
   }
+
+
+def coverage(scalars: Dict) -> Dict[str, Optional[float]]:
+  """A row's mask coverage from an evaluation's scalars: "coverage" and "area_ratio" (means over
+  the true parts) and "coverage/<g>", "area_ratio/<g>" per true part g; empty when the world
+  gave none."""
+  num_true = sum(1 for k in scalars if k.startswith("parts/coverage/"))
+  out = {}
+  for name in ("coverage", "area_ratio"):
+    if f"parts/{name}" in scalars:
+      out[name] = _finite(scalars[f"parts/{name}"])
+      out.update({f"{name}/{g}": _finite(scalars.get(f"parts/{name}/{g}"))
+                  for g in range(num_true)})
+  return out
 
 
 def _num_groups(scalars: Dict) -> int:
@@ -96,3 +116,12 @@ def _num_groups(scalars: Dict) -> int:
 
 def _value(x) -> Optional[float]:
   return None if x is None else float(x)
+
+
+def _finite(x) -> Optional[float]:
+  """None for a missing or non-finite value (metrics.jsonl keeps NaN as a string)."""
+  try:
+    value = float(x)
+  except (TypeError, ValueError):
+    return None
+  return value if math.isfinite(value) else None

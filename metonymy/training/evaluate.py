@@ -24,6 +24,17 @@ numbers follow one protocol:
   collapsed                   1.0 when one channel (background included) holds more than
                               COLLAPSE_SHARE of the patches or a foreground part is empty, else 0.0
                               (`collapse_warnings` words the same test for the console / report.md)
+  parts/position_NMI, ..._ARI, the chance row: a position-only partition (k-means on the training
+  parts/position_NMI_fg, ...  keypoints, evaluation/position_baseline.py) scored at the same
+                              keypoints, when the trainer fits one
+  parts/coverage/<g>          mask coverage (Fig. 4), datasets with a part segmentation only: the
+  parts/area_ratio/<g>        truth on the maps' patch grid (plurality rule, probe/masks.py) against
+  parts/best_part/<g>         the argmax over the K + 1 maps, pooled over the set. best_part: the
+  parts/coverage,             discovered part k*(g) holding most of true part g's patches (never
+  parts/area_ratio            the background); coverage: the share of g's patches labelled k*;
+                              area_ratio: all patches labelled k* over g's (above 1: k* spills
+                              beyond g). g = 0..G-1 is segmentation label g + 1; the unsuffixed
+                              names are the means over the true parts present
 
 Stage 1 collapses by giving every patch to one channel, usually the background, which makes NMI
 and ARI exactly 0; the shares say so directly, and say it before NMI can (datasets without
@@ -38,6 +49,7 @@ import numpy as np
 from metonymy.evaluation import metrics
 from metonymy.evaluation import part_metrics
 from metonymy.evaluation import part_names as part_names_lib
+from metonymy.probe import masks as masks_lib
 
 # One channel above this share of the evaluation patches is a collapse (e.g. Stage 1 giving
 # every patch to the background).
@@ -105,6 +117,41 @@ def part_share_scalars(won: np.ndarray, mass: np.ndarray,
   out.update({"part_share/max": float(share.max()), "part_share/max_part": float(np.argmax(share)),
               "part_share/num_empty": float(num_empty),
               "collapsed": float(share.max() > collapse_share or num_empty > 0)})
+  return out
+
+
+def segmentation_confusion(segmentation: np.ndarray, maps: np.ndarray,
+                           num_true_parts: int) -> np.ndarray:
+  """Patch counts [G + 1, K + 1] (part_metrics.patch_confusion) of one batch: the true parts of
+  `segmentation` (int [B, H, W], 0 = background, g + 1 = part g) on the patch grid of `maps`
+  ([B, K + 1, h, w]; H = p h, W = p w) by the plurality rule, against the argmax over the maps."""
+  seg = np.asarray(segmentation)
+  batch, channels, height, width = np.shape(maps)
+  patch = seg.shape[1] // height if seg.ndim == 3 else 0
+  if (seg.ndim != 3 or seg.shape[0] != batch or patch < 1
+      or seg.shape[1:] != (patch * height, patch * width)):
+    raise ValueError(f"part_segmentation {seg.shape} does not tile the maps' {batch} x "
+                     f"{height} x {width} patch grid")
+  labels = masks_lib.segmentation_part_labels(seg, num_true_parts)
+  true_ids, _ = masks_lib.patch_part_ids(labels, num_true_parts, patch)
+  return part_metrics.patch_confusion(true_ids, np.argmax(maps, axis=1), num_true_parts,
+                                      channels - 1)
+
+
+def coverage_scalars(confusion: np.ndarray) -> Dict[str, float]:
+  """The parts/coverage*, parts/area_ratio* and parts/best_part/* scalars (module docstring) of
+  a patch confusion [G + 1, K + 1] summed over the evaluation set."""
+  coverage = part_metrics.mask_coverage(confusion)
+  out = {}
+  for g, (best, share, ratio) in enumerate(zip(coverage["best_part"], coverage["coverage"],
+                                               coverage["area_ratio"])):
+    out.update({f"parts/coverage/{g}": float(share), f"parts/area_ratio/{g}": float(ratio),
+                # A part with no patch has no match (NaN, like its coverage).
+                f"parts/best_part/{g}": float(best) if np.isfinite(share) else float("nan")})
+  present = np.isfinite(coverage["coverage"])
+  mean = lambda x: float(np.mean(x[present])) if present.any() else float("nan")
+  out.update({"parts/coverage": mean(coverage["coverage"]),
+              "parts/area_ratio": mean(coverage["area_ratio"])})
   return out
 
 
@@ -294,13 +341,15 @@ def evaluate(predict: Callable[[Dict[str, np.ndarray]], Dict[str, Any]],
              batches: Iterable[Dict[str, np.ndarray]], *, image_mean, image_std,
              num_images: int = 8, keypoint_group: Optional[Sequence[int]] = None,
              keypoint_group_names: Optional[Sequence[str]] = None,
-             position_baseline=None) -> Dict[str, Any]:
+             position_baseline=None, num_true_parts: int = 0) -> Dict[str, Any]:
   """Runs `predict` over the evaluation batches and computes the metrics above.
 
   Args:
     predict: host batch -> {"maps": [B, K+1, h, w], "logits": {head: [B, A]}} plus the batch's
-      own `valid`, `attributes`, `attribute_valid` and, when the dataset has them, `keypoints`
-      and `keypoint_visible`, for every example of the global batch (as NumPy arrays).
+      own `valid`, `attributes`, `attribute_valid` and, when the dataset has them, `keypoints`,
+      `keypoint_visible` and `part_segmentation`, for every example of the global batch (as
+      NumPy arrays). A `part_segmentation` it does not return is read from the host batch,
+      which must then be the whole batch (one process).
     batches: this process's evaluation batches (padded ones carry valid = False).
     num_images: how many of the first images the overlay shows (0: no overlay).
     keypoint_group: int [M], the group of each of the M keypoints
@@ -309,6 +358,8 @@ def evaluate(predict: Callable[[Dict[str, np.ndarray]], Dict[str, Any]],
       ground-truth legend and its parts' best matches ("part 3 (≈ wing)"); None: "group g".
     position_baseline: an `evaluation.position_baseline.PositionBaseline` fit on the training
       split; when given, its NMI / ARI at the same keypoints (`parts/position_*`, the chance row).
+    num_true_parts: G, the dataset's true parts (`len(DatasetInfo.part_names)`); with it, a
+      `part_segmentation` in the batches gives the mask coverage (`parts/coverage*`); 0: none.
 
   Returns:
     {"scalars": {name: float}, "image": uint8 [H, W, 3] `part_overlay` of the first images (a
@@ -321,6 +372,7 @@ def evaluate(predict: Callable[[Dict[str, np.ndarray]], Dict[str, Any]],
   position_parts = []  # int [S, M]: the position baseline's cluster of each visible keypoint
   num_parts = None
   won = mass = 0.0  # float [K+1]: argmax wins and soft mass per channel, summed over the set
+  confusion = 0.0  # float [G+1, K+1]: true x discovered label per patch, summed over the set
   shown: Optional[Dict[str, Any]] = None  # the overlay's inputs, from the first batch
   for host_batch in batches:
     out = predict(host_batch)
@@ -342,6 +394,10 @@ def evaluate(predict: Callable[[Dict[str, np.ndarray]], Dict[str, Any]],
       if position_baseline is not None:
         position_parts.append(position_baseline.keypoint_part(
             np.asarray(out["keypoints"])[valid], visible, image_hw))
+    segmentation = out.get("part_segmentation", host_batch.get("part_segmentation"))
+    if num_true_parts and segmentation is not None:
+      confusion = confusion + segmentation_confusion(np.asarray(segmentation)[valid], maps[valid],
+                                                     num_true_parts)
     if shown is None and num_images:
       local = np.asarray(host_batch["image"])[:num_images]
       # The global batch's first rows are this process's first examples on process 0.
@@ -377,6 +433,8 @@ def evaluate(predict: Callable[[Dict[str, np.ndarray]], Dict[str, Any]],
                                                    keypoint_group=keypoint_group))
   if len(labels_np):
     scalars.update(part_share_scalars(won, mass))
+  if np.ndim(confusion) == 2:
+    scalars.update(coverage_scalars(confusion))
   scalars["num_examples"] = float(len(labels_np))
   overlay = None
   if shown is not None:
@@ -397,10 +455,12 @@ def _number(value: Optional[float], digits: int) -> str:
 
 
 def report_markdown(scalars: Mapping[str, float], warnings: Sequence[str], *, title: str,
-                    step: int, total_steps: int) -> str:
+                    step: int, total_steps: int,
+                    true_part_names: Optional[Sequence[str]] = None) -> str:
   """The train job's report.md: one evaluation's numbers (scalars without the "eval/" prefix),
-  NMI / ARI with and without the background side by side, the per-part share table and the
-  collapse warnings."""
+  NMI / ARI with and without the background side by side, the mask coverage of the true parts
+  (named by `true_part_names`, else "true part g+1"), the per-part share table and the collapse
+  warnings."""
   lines = [f"# {title}", "",
            f"Evaluation at step {step} of {total_steps} on {int(scalars.get('num_examples', 0))} "
            f"examples; every number is in this run's metrics.jsonl under `eval/` (`eval/collapsed` "
@@ -425,6 +485,27 @@ def report_markdown(scalars: Mapping[str, float], warnings: Sequence[str], *, ti
       lines += [f"| chance: keypoint position alone (k-means on the training keypoints) | "
                 f"{_number(scalars['parts/position_NMI'], 1)} | "
                 f"{_number(scalars['parts/position_ARI'], 1)} |"]
+  num_true = sum(1 for name in scalars if name.startswith("parts/coverage/"))
+  if num_true:
+    num_parts = sum(1 for name in scalars
+                    if name.startswith("part_share/") and name.rsplit("/", 1)[1].isdigit()) - 1
+    names = (list(true_part_names) if true_part_names and len(true_part_names) == num_true
+             else [f"true part {g + 1}" for g in range(num_true)])
+    lines += ["", "## Mask coverage of the true parts (patch grid)", "",
+              "For each true part, the discovered part holding most of its patches (argmax over "
+              "the K + 1 maps; never the background), the share of the true part's patches it "
+              "holds (coverage), and all the patches it holds over the true part's (area ratio: "
+              "above 1, it spills beyond the part).", "",
+              "| True part | Best-matching discovered part | Coverage | Area ratio |",
+              "|---|---|---|---|"]
+    for g, name in enumerate(names):
+      best = scalars.get(f"parts/best_part/{g}")
+      matched = (part_label(int(best), num_parts) if best is not None and np.isfinite(best)
+                 and num_parts >= 1 else "n/a")
+      lines.append(f"| {name} | {matched} | {_number(scalars[f'parts/coverage/{g}'], 3)} | "
+                   f"{_number(scalars.get(f'parts/area_ratio/{g}'), 3)} |")
+    lines.append(f"| mean over the true parts | | {_number(scalars.get('parts/coverage'), 3)} | "
+                 f"{_number(scalars.get('parts/area_ratio'), 3)} |")
   num_channels = sum(1 for name in scalars
                      if name.startswith("part_share/") and name.rsplit("/", 1)[1].isdigit())
   if num_channels:

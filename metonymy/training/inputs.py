@@ -1,8 +1,10 @@
 """The trainer's data: sources and Grain pipelines from a config.data block.
 
 Training batches carry `image`, `attributes`, `attribute_valid`; evaluation batches also
-`valid`, and `keypoints` / `keypoint_visible` when the dataset has them. Other keys (masks,
-segmentations) are dropped before augmentation, so no time goes into warping them.
+`valid`, and `keypoints` / `keypoint_visible` and `part_segmentation` when the dataset has them
+(the evaluation's resize and crop move them with the image: the NMI / ARI and the mask coverage
+read them). Other keys (masks, training batches' segmentations) are dropped before augmentation,
+so no time goes into warping them.
 """
 
 from typing import Dict, Tuple
@@ -15,7 +17,10 @@ from metonymy.data import transforms
 from metonymy.evaluation import position_baseline as position_baseline_lib
 
 TRAIN_KEYS = ("image", "attributes", "attribute_valid")
-EVAL_KEYS = TRAIN_KEYS + ("valid", "keypoints", "keypoint_visible")
+# The segmentation goes to the device with the rest and comes back from the eval step: that keeps
+# it aligned with the maps of the global batch when several processes each hold a share of it.
+# It costs little: uint8 [B, H, W], a twelfth of the float32 image.
+EVAL_KEYS = TRAIN_KEYS + ("valid", "keypoints", "keypoint_visible", "part_segmentation")
 
 
 class Subset:

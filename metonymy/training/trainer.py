@@ -310,7 +310,8 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
                                num_images=config.trainer.eval_images,
                                keypoint_group=info.keypoint_group_ids or None,
                                keypoint_group_names=info.keypoint_groups or None,
-                               position_baseline=position_baseline)
+                               position_baseline=position_baseline,
+                               num_true_parts=len(info.part_names))
     scalars = {f"eval/{k}": v for k, v in result["scalars"].items()}
     writer.write_scalars(step, scalars)
     if result["image"] is not None:
@@ -320,11 +321,15 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
                                        if k.startswith(prefix) and k.rsplit("/", 1)[1].isdigit())
     console.console(f"eval @ {step}: " + ", ".join(
         f"{k} {v:.4g}" for k, v in scalars.items()
-        if not k.startswith(("eval/part_share/", "eval/part_mass/"))))
+        if not k.startswith(("eval/part_share/", "eval/part_mass/", "eval/parts/coverage/",
+                             "eval/parts/area_ratio/", "eval/parts/best_part/"))))
     if "eval/part_share/max" in scalars:
       console.console(f"eval @ {step}: part shares {per_part('eval/part_share/')} (background "
                       f"last), max {scalars['eval/part_share/max']:.2f}, empty parts "
                       f"{scalars['eval/part_share/num_empty']:g}")
+    if "eval/parts/coverage" in scalars:
+      console.console(f"eval @ {step}: coverage per true part {per_part('eval/parts/coverage/')}, "
+                      f"area ratio {per_part('eval/parts/area_ratio/')}")
     warnings = evaluate.collapse_warnings(result["scalars"])
     if jax.process_index() == 0:
       for warning in warnings:
@@ -332,7 +337,7 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
     writer.write_text("report.md", evaluate.report_markdown(
         result["scalars"], warnings, step=step, total_steps=total_steps,
         title=f"Training report: {config.model.name} on {config.data.dataset} "
-              f"({workdir.name})"))
+              f"({workdir.name})", true_part_names=info.part_names))
     return scalars
 
   def run_mechanism(step: int) -> None:
