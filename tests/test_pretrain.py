@@ -102,12 +102,19 @@ def test_a_stand_in_that_does_not_fit_its_architecture_is_refused(tmp_path):
     pretrain.load_stand_in(str(tmp_path / "missing"))
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_shipped_stand_in_loads_and_matches_the_demo_recipe(seed):
-  """The file in metonymy/assets/ is what `configs/demo.py:stand_in --config.world.seed=N`
-  makes: its recorded recipe equals the demo's (so the demo uses it), its arrays fit that
-  architecture, and its recorded quality on val is well above chance."""
-  config = config_lib.load_sibling_config(CONFIG_FILE, "demo", "")
+# (world, world seed) of every stand-in shipped in metonymy/assets/.
+SHIPPED = [("v1", 0), ("v1", 1), ("v1", 2), ("v2", 0)]
+# The CLS head's least attribute mAP on val per world. v2's attributes sit on a disc of 15% of
+# each part: its stand-in reads them at 0.38 (chance 0.23), v1's at 0.72-0.74.
+MIN_CLS_MAP = {"v1": 0.6, "v2": 0.35}
+
+
+@pytest.mark.parametrize("world,seed", SHIPPED)
+def test_shipped_stand_in_loads_and_matches_the_demo_recipe(world, seed):
+  """The file in metonymy/assets/ is what `configs/demo.py:stand_in[,world=W]
+  --config.world.seed=N` makes: its recorded recipe equals the demo's (so the demo uses it), its
+  arrays fit that architecture, and its recorded quality on val is well above chance."""
+  config = config_lib.load_sibling_config(CONFIG_FILE, "demo", f"world={world}")
   config.world.seed = seed
   prefix = stand_in.shipped_stand_in(config, seed)
   vit_config, params, heads, record = pretrain.load_stand_in(prefix)
@@ -116,7 +123,7 @@ def test_shipped_stand_in_loads_and_matches_the_demo_recipe(seed):
   _, _, demo_vit_config = loading.build_backbone(config.backbone, config.seed)
   assert vit_config == demo_vit_config
   quality = record["quality_val"]
-  assert quality["cls/mAP"] >= 0.6 > 2 * quality["chance/mAP"], quality
+  assert quality["cls/mAP"] >= MIN_CLS_MAP[world] > quality["chance/mAP"] + 0.1, quality
 
 
 class _PatchMeans:
