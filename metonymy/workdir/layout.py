@@ -12,6 +12,16 @@
   WORKDIR/report.md, results.json, *.png   a job's report, its numbers and its figures
   WORKDIR/cache/               the leakage benchmark's feature cache (unless configured)
 
+A run that records a path to files of the same job's tree (a demo or Table-3 sub-run's backbone
+in the parent workdir, a Table-3 probe's masks in its sibling train run, the backbone a job's
+results.json names) records it relative to the workdir that holds the record, marked as such:
+"workdir:../backbone" (`record_path`). A bare relative path would read as relative to the
+current directory, as a user's `--config.backbone.checkpoint=ckpt/vit` does. Read back with
+`resolve_path` against wherever that workdir is now, so a workdir moved, copied, or staged in a
+local folder and copied back to gs:// still loads. Paths to inputs outside the tree (a user's
+checkpoint, a data root) are recorded as given (absolute locally). Records written before this
+form are absolute paths, which `resolve_path` returns as they are.
+
 Every path is an `etils.epath.Path`, the path type Orbax itself uses, so a workdir may be a local
 folder or a `gs://bucket/...` prefix with the same code. Object stores have no rename that is
 atomic and no append: `write_text` writes aside and renames where the filesystem is local, and
@@ -22,6 +32,7 @@ never sees half of it either way).
 import contextlib
 import json
 import os
+import posixpath
 import tempfile
 import uuid
 from typing import Any, Dict, Iterator, Optional, Union
@@ -43,6 +54,8 @@ PARAMETERS_FILE = "parameters.txt"
 REPORT_FILE = "report.md"
 RESULTS_FILE = "results.json"
 CACHE_DIR = "cache"
+# The mark of a path recorded relative to the workdir holding the record (the module docstring).
+IN_WORKDIR = "workdir:"
 
 
 def is_local(path: PathLike) -> bool:
@@ -53,7 +66,38 @@ def is_local(path: PathLike) -> bool:
 def as_path(path: PathLike) -> epath.Path:
   """`path` as an epath.Path; a local path made absolute (Orbax needs absolute local paths)."""
   text = os.fspath(path)
+  if text.startswith(IN_WORKDIR):  # Never a path of the current directory: refused, not guessed.
+    raise ValueError(f"{text!r} is a path recorded relative to a workdir; read it with "
+                     f"layout.resolve_path(recorded, workdir) against the workdir that holds it.")
   return epath.Path(text if not is_local(text) else os.path.abspath(text))
+
+
+def record_path(path: PathLike, workdir: PathLike, root: PathLike) -> str:
+  """How the files of `workdir` record `path` (the module docstring): "workdir:<path relative
+  to workdir>" when `path` lies inside `root`, the workdir of the job that wrote both (a demo's,
+  a Table-3 job's); any other path as given (absolute locally)."""
+  target, holder, tree = (os.fspath(as_path(p)) for p in (path, workdir, root))
+  inside = lambda p: p == tree or p.startswith(tree.rstrip("/") + "/")
+  if not (inside(target) and inside(holder)):
+    return target
+  # posixpath on the text after the scheme: a gs:// URL and a local path alike.
+  strip = lambda p: "/" + p.split("://", 1)[-1].lstrip("/")
+  return IN_WORKDIR + posixpath.relpath(strip(target), strip(holder))
+
+
+def resolve_path(recorded: PathLike, workdir: PathLike) -> str:
+  """The path a record of `workdir` names: a "workdir:..." record joined to where `workdir` is
+  now (`record_path`); any other record (a user's input, an old absolute record) as it is."""
+  text = os.fspath(recorded)
+  if not text.startswith(IN_WORKDIR):
+    return text
+  path = as_path(workdir)
+  for part in text[len(IN_WORKDIR):].split("/"):
+    if part == "..":
+      path = path.parent
+    elif part not in ("", "."):
+      path = path / part
+  return os.fspath(path)
 
 
 class Workdir:
