@@ -2,7 +2,10 @@
 
   WORKDIR/config.json          the resolved config of the run (written by the claim)
   WORKDIR/model.json           what rebuilds the trained model without the data (the trainer)
-  WORKDIR/metrics.jsonl        one {"step": s, "<name>": value, ...} object per line
+  WORKDIR/metrics.jsonl        one {"step": s, "<name>": value, ...} object per line; on an
+                               object store the lines go to WORKDIR/metrics.jsonl.d/<n>.jsonl
+                               instead, one new object per upload, read in the order of n
+                               (`Workdir.metric_files`)
   WORKDIR/checkpoints/<step>/  Orbax checkpoints (training/run_state.py)
   WORKDIR/refused_checkpoints/ checkpoints refused on restore, kept for inspection
   WORKDIR/backbone/            a random-init frozen backbone, saved once (converted layout)
@@ -35,7 +38,7 @@ import os
 import posixpath
 import tempfile
 import uuid
-from typing import Any, Dict, Iterator, Optional, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from etils import epath
 
@@ -44,6 +47,7 @@ PathLike = Union[str, os.PathLike, epath.Path]
 CONFIG_FILE = "config.json"
 MODEL_FILE = "model.json"
 METRICS_FILE = "metrics.jsonl"
+METRICS_CHUNKS_DIR = "metrics.jsonl.d"  # An object store's metrics.jsonl, one object per upload.
 CHECKPOINT_DIR = "checkpoints"
 REFUSED_DIR = "refused_checkpoints"
 BACKBONE_DIR = "backbone"
@@ -120,6 +124,7 @@ class Workdir:
   config_file = property(lambda self: self.path / CONFIG_FILE)
   model_file = property(lambda self: self.path / MODEL_FILE)
   metrics_file = property(lambda self: self.path / METRICS_FILE)
+  metrics_chunks = property(lambda self: self.path / METRICS_CHUNKS_DIR)
   checkpoints = property(lambda self: self.path / CHECKPOINT_DIR)
   refused_checkpoints = property(lambda self: self.path / REFUSED_DIR)
   backbone = property(lambda self: self.path / BACKBONE_DIR)
@@ -172,25 +177,58 @@ class Workdir:
   def is_training_workdir(self) -> bool:
     return self.model_file.exists()
 
+  def metric_files(self) -> List[epath.Path]:
+    """The files of the metrics stream in the order they were written: metrics.jsonl (always,
+    locally; on an object store, from a run written before the chunks), then the chunks of
+    metrics.jsonl.d/ by number. An object store has no append, and rewriting one object whole
+    at each upload would upload bytes growing with the square of the run's length."""
+    return ([self.metrics_file] if self.metrics_file.exists() else []) + self.metric_chunks()
+
+  def metric_chunks(self) -> List[epath.Path]:
+    """metrics.jsonl.d/<n>.jsonl by n (an object store's metrics; none locally)."""
+    if not self.metrics_chunks.is_dir():
+      return []
+    return sorted(self.metrics_chunks.glob("*.jsonl"), key=metrics_chunk_number)
+
+  def metric_lines(self) -> Iterator[Tuple[epath.Path, int, str]]:
+    """(file, line number, line) of every line of the metrics stream (`metric_files`)."""
+    for path in self.metric_files():
+      for number, line in enumerate(path.read_text().splitlines(keepends=True), 1):
+        yield path, number, line
+
   def metric_records(self, prefix: str = "") -> Dict[int, Dict[str, float]]:
-    """{step: {name: value}} of metrics.jsonl's entries whose names start with `prefix`
+    """{step: {name: value}} of the metrics' entries whose names start with `prefix`
     (dropped), in step order; non-finite values (stored as strings) -> NaN."""
-    if not self.metrics_file.exists():
+    if not self.metric_files():
       raise FileNotFoundError(f"{self.metrics_file} not found: the training run in {self.path} "
                               f"wrote no metrics.")
     out: Dict[int, Dict[str, float]] = {}
-    for number, line in enumerate(self.metrics_file.read_text().splitlines(), 1):
+    for path, number, line in self.metric_lines():
       if not line.strip():
         continue
       try:
         record = json.loads(line)
       except ValueError as e:
-        raise ValueError(f"{self.metrics_file}, line {number}: not JSON ({e}).") from None
+        raise ValueError(f"{path}, line {number}: not JSON ({e}).") from None
       values = {k[len(prefix):]: _float(v) for k, v in record.items()
                 if k.startswith(prefix) and k != "step"}
       if values:
         out.setdefault(int(record["step"]), {}).update(values)
     return dict(sorted(out.items()))
+
+
+def metrics_chunk_number(path: PathLike) -> int:
+  """n of a metrics chunk metrics.jsonl.d/<n>.jsonl; a ValueError naming any other file."""
+  name = epath.Path(os.fspath(path)).name
+  stem = name[:-len(".jsonl")] if name.endswith(".jsonl") else ""
+  if not stem.isdigit():
+    raise ValueError(f"{path}: not a metrics chunk (<number>.jsonl) in {METRICS_CHUNKS_DIR}/.")
+  return int(stem)
+
+
+def metrics_chunk(directory: PathLike, number: int) -> epath.Path:
+  """metrics.jsonl.d/<n>.jsonl, zero-padded so a listing also reads in order."""
+  return as_path(directory) / f"{int(number):06d}.jsonl"
 
 
 def _float(value) -> float:
