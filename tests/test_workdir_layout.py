@@ -91,3 +91,11 @@ def test_a_relative_record_resolves_against_where_the_workdir_is_now(tmp_path):
   with pytest.raises(ValueError, match=r"'workdir:../backbone' is a path recorded relative to "
                                        r"a workdir; read it with layout.resolve_path"):
     Workdir("workdir:../backbone")
+
+
+def test_write_json_is_strict_json_and_names_the_file(tmp_path):
+  path = layout.write_json(tmp_path / "results.json", {"mAP": 0.5, "rows": [1, 2]})
+  assert layout.read_json(path) == {"mAP": 0.5, "rows": [1, 2]}
+  with pytest.raises(ValueError, match=r"bad.json: not written, Out of range float values"):
+    layout.write_json(tmp_path / "bad.json", {"mAP": float("nan")})
+  assert not (tmp_path / "bad.json").exists()

@@ -7,7 +7,6 @@ the fall of early PS with correlation is real correlation, and the gap between l
 correlation 0 is leakage."""
 
 import datetime
-import json
 import os
 from typing import Dict, List
 
@@ -62,9 +61,7 @@ def write_sweep(workdir: str, results: Dict) -> List[str]:
   files = Workdir(workdir)
   png = os.fspath(files.output(SWEEP_PNG))
   plots.plot_sweep(png, results["points"])
-  path_json = os.fspath(files.results_file)
-  with open(path_json, "w") as f:
-    json.dump(probe_report.sanitize(results), f, indent=2, allow_nan=False)
+  path_json = os.fspath(layout.write_json(files.results_file, probe_report.sanitize(results)))
   rows = [[f"{p['correlation']:g}", text.with_ci(p, "ps_late"), text.with_ci(p, "ps_early"),
            text.fmt(None if p["ps_late"] is None or p["ps_early"] is None
                     else p["ps_early"] - p["ps_late"]),

@@ -254,8 +254,14 @@ def write_text(path: PathLike, text: str) -> epath.Path:
 
 
 def write_json(path: PathLike, obj: Any, **dumps_kwargs) -> epath.Path:
-  """`obj` as indented JSON (json.dumps keyword arguments pass through), via `write_text`."""
-  return write_text(path, json.dumps(obj, indent=2, **dumps_kwargs))
+  """`obj` as indented JSON (json.dumps keyword arguments pass through), via `write_text`.
+  Strict JSON: a NaN or infinity (which many readers refuse) is a ValueError naming the file;
+  probe/report.py's `sanitize` turns them into null first."""
+  try:
+    text = json.dumps(obj, indent=2, allow_nan=False, **dumps_kwargs)
+  except ValueError as e:
+    raise ValueError(f"{path}: not written, {e} (sanitize the values first).") from None
+  return write_text(path, text)
 
 
 def read_json(path: PathLike) -> Any:
