@@ -144,6 +144,10 @@ class Workdir:
     """WORKDIR/images/<name>_<step>.png of a logged image (`name` may hold slashes)."""
     return self.images / f"{name.replace('/', '_')}_{int(step):07d}.png"
 
+  def refused_checkpoint(self, step: int) -> epath.Path:
+    """WORKDIR/refused_checkpoints/<step>: where a checkpoint refused on restore is kept."""
+    return self.refused_checkpoints / str(int(step))
+
   def sub(self, name: str) -> "Workdir":
     """The workdir of a sub-job (a demo step, a Table-3 run) inside this one."""
     return Workdir(self.path / name)
