@@ -43,7 +43,7 @@ def test_model_info_is_required_by_name_and_round_trips(tmp_path):
   files.write_model_info({"model": {"name": "stage1"}})
   assert files.read_model_info() == {"model": {"name": "stage1"}}
   assert files.read_config() is None
-  files.write_config({"job": "train"})
+  files.write_config_json({"job": "train"})
   assert files.read_config() == {"job": "train"}
   files.config_file.write_text("{not json")
   with pytest.raises(ValueError, match=r"config.json cannot be read as JSON"):

@@ -35,7 +35,7 @@ def run_benchmark(config, backbone: str, workdir: str, world, root: str,
   sub.backbone_pretraining.steps = 0  # the probe job pretrains random-init backbones only
   if title:
     sub.report.title = title
-  Workdir(workdir).make().write_config(sub)
+  Workdir(workdir).make().write_config_json(sub)
   return probe.run(sub, workdir)
 
 
@@ -50,7 +50,7 @@ def run_training(sub, backbone: str, workdir: str, world, seed: int,
   sub = with_world(sub, world)
   sub.seed = int(seed)
   sub.backbone.checkpoint = layout.record_path(backbone, workdir, root)
-  Workdir(workdir).make().write_config(sub)
+  Workdir(workdir).make().write_config_json(sub)
   trainer.run(sub, workdir)
   changes = records(workdir, "train/relative_change/")
   moved = {f"relative_change/{k}": v for k, v in changes[max(changes)].items()} if changes else {}

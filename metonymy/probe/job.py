@@ -106,7 +106,7 @@ def _write_tensorboard(workdir: str, config, results: Dict, written) -> None:
   over seeds) as scalars at step 0, and the report's figures as images."""
   writer = writers.MetricWriter(workdir)
   try:
-    writer.write_config(config)
+    writer.write_config_to_tensorboard(config)
     for name, backbone in results["backbones"].items():
       scalars = {f"{name}/{k}": v for k, v in backbone["mean"].items()
                  if k in TENSORBOARD_KEYS and v is not None}

@@ -267,7 +267,7 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
   # Resume or start.
   mngr = run_state.manager(workdir, config.trainer.keep_checkpoints)
   writer = writers.MetricWriter(workdir, enabled=jax.process_index() == 0)
-  writer.write_config(config)
+  writer.write_config_to_tensorboard(config)
   finite_or_raise = functools.partial(_finite_or_raise, mngr=mngr, writer=writer,
                                       learning_rates=config.optimizer.learning_rates.to_dict())
   train_iter = iter(train_ds)

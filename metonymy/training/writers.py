@@ -173,7 +173,7 @@ class MetricWriter:
     self._tb.add_image(name, image, int(step), dataformats="HWC")
     return os.fspath(path)
 
-  def write_config(self, config) -> None:
+  def write_config_to_tensorboard(self, config) -> None:
     """The resolved config as TensorBoard text (tag "config", step 0), so a run's event files
     say what ran."""
     if not self.enabled:

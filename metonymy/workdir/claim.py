@@ -309,7 +309,7 @@ def claim(workdir, config) -> Optional[Lock]:
       files = layout.Workdir(workdir).make()
       lock = acquire(files.path)
       check_config(files.path, config)
-      files.write_config(config)
+      files.write_config_json(config)
     except (WorkdirBusyError, ConfigMismatchError, OSError) as e:
       error = e
   if jax.process_count() > 1:  # One decision for all: refused, every process stops.

@@ -158,7 +158,7 @@ class Workdir:
 
   # The small files.
 
-  def write_config(self, config) -> epath.Path:
+  def write_config_json(self, config) -> epath.Path:
     """config.json: a ConfigDict's resolved values (`to_json_best_effort`) or a plain dict."""
     body = (config.to_json_best_effort(indent=2) if hasattr(config, "to_json_best_effort")
             else json.dumps(config, indent=2, default=str))
