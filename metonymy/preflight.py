@@ -57,24 +57,18 @@ def problems(config) -> List[str]:
   data_config = config.get("data")
   if data_config is not None and data_config.get("dataset", "synthetic") != "synthetic":
     root = data_config.get("root", "")
-    if not root:
-      found.append(f"config.data.root is empty: set --config.data.root=DIR to the "
-                   f"{data_config.dataset} folder")
-    elif not is_local(root):
+    if root and not is_local(root):
       found.append(f"config.data.root={root!r}: the dataset readers read a local folder (they "
                    f"stat and seek their files); copy the dataset to the host's disk or mount "
                    f"the bucket (gcsfuse) and pass that path")
-    elif not os.path.exists(root):
+    elif root and not os.path.exists(root):
       found.append(f"config.data.root={root!r} does not exist")
-    else:
-      options = data_config.options.to_dict() if hasattr(data_config.options, "to_dict") else (
-          dict(data_config.get("options") or {}))
+    else:  # Opened as the run will open it (an empty root is refused there, naming the flag).
       for split in _splits(data_config):
         try:
-          data_lib.make_source(data_config.dataset, root, split,
-                               source=data_config.get("source", ""), **options)
+          data_lib.make_source_from_config(data_config, split)
         except (data_lib.DataError, OSError, ValueError, KeyError, ImportError) as e:
-          found.append(f"config.data.root={root!r}, split {split!r}: {e}")
+          found.append(f"config.data.root={root!r}, split {split!r}: {e}" if root else str(e))
           break  # The next split would name the same missing file.
   masks = config.get("masks")
   if masks is not None and masks.get("source") in ("file", "stage1"):

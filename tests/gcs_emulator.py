@@ -3,6 +3,8 @@ with the clients the stack uses pointed at it.
 
   with gcs_emulator.serving("bucket") as env:   # env: the variables a subprocess needs
     epath.Path("gs://bucket/x").write_text("...")
+    with gcs_emulator.counting_uploads() as uploaded:   # {object name: bytes uploaded to it}
+      ...
 
 The clients and the variable each reads:
   google-cloud-storage, gcsfs (etils.epath's gs:// backend, tensorboardX's GCS writer)
@@ -92,3 +94,22 @@ def serving(bucket: str = "bucket") -> Iterator[Dict[str, str]]:
       else:
         os.environ[key] = value
     server.stop()
+
+
+@contextlib.contextmanager
+def counting_uploads() -> Iterator[Dict[str, int]]:
+  """{object name: bytes of every upload to it, summed} for the uploads made inside (every
+  finished upload, simple or resumable, ends in the emulator's Storage.create_file)."""
+  from gcp_storage_emulator import storage
+  uploaded: Dict[str, int] = {}
+  original = storage.Storage.create_file
+
+  def create_file(self, bucket_name, file_name, content, *args, **kwargs):
+    uploaded[file_name] = uploaded.get(file_name, 0) + len(content or b"")
+    return original(self, bucket_name, file_name, content, *args, **kwargs)
+
+  storage.Storage.create_file = create_file
+  try:
+    yield uploaded
+  finally:
+    storage.Storage.create_file = original

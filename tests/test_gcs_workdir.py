@@ -15,6 +15,7 @@ import jax
 import numpy as np
 import pytest
 
+from metonymy.workdir import Workdir
 from tests import gcs_emulator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,7 +79,7 @@ def test_train_kill_resume_and_probe_on_gs(gcs, tmp_path):
   proc = _main([*TRAIN, "--workdir=gs://bucket/reference"], tmp_path, env)
   assert proc.returncode == 0, proc.stderr[-3000:]
   reference = _fresh_path("gs://bucket/reference")
-  for name in ("config.json", "model.json", "metrics.jsonl", "checkpoints", "backbone",
+  for name in ("config.json", "model.json", "metrics.jsonl.d", "checkpoints", "backbone",
                "tensorboard", "images", "report.md"):
     assert (reference / name).exists(), name
   assert not (reference / "run.lock").exists()  # Released at the end.
@@ -112,8 +113,9 @@ def test_train_kill_resume_and_probe_on_gs(gcs, tmp_path):
   assert len(got) == len(expected)
   for a, b in zip(got, expected):
     assert a.dtype == b.dtype and np.array_equal(a, b)  # Bit for bit.
-  records = [json.loads(line) for line in
-             _fresh_path("gs://bucket/killed/metrics.jsonl").read_text().splitlines()]
+  _fresh_path("gs://bucket/killed")
+  # On gs:// metrics.jsonl is metrics.jsonl.d/<n>.jsonl, one object per upload, read in order.
+  records = [json.loads(line) for _, _, line in Workdir("gs://bucket/killed").metric_lines()]
   steps = [r["step"] for r in records if "loss" in r]
   assert steps == sorted(set(steps)) and steps[-1] == STEPS  # Trimmed: no step twice.
 

@@ -35,7 +35,7 @@ def test_stage1_on_a_learned_backbone_does_not_collapse(tmp_path):
   sub.data.eval_split = "val"
   sub.data.eval_examples = 64
   scalars = subjobs.run_training(sub, backbone, str(tmp_path / "single"), config.world,
-                                 config.seed)
+                                 config.seed, root=tmp_path)
   shares = [scalars[f"part_share/{k}"] for k in range(sub.model.num_parts + 1)]
   assert all(MIN_SHARE <= s <= MAX_SHARE for s in shares), shares
   assert scalars["collapsed"] == 0.0

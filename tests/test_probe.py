@@ -137,6 +137,7 @@ def test_stage1_mask_source_adapts_part_masks(monkeypatch):
   class FakePartMasks:
     num_parts = 2
     meta = {"step": 7}
+    params, frozen = {"prototypes": np.ones((2, 3), np.float32)}, {}
 
     def pixel_labels(self, images, mean, std):
       seen["norm"] = (mean, std)
@@ -155,6 +156,8 @@ def test_stage1_mask_source_adapts_part_masks(monkeypatch):
   assert source.num_parts == 2 and maps.labels.shape == (3, 8, 8) and maps.foreground is not None
   assert source.part_names == ("part 1", "part 2")  # a trained workdir's parts have no GT names
   assert source.spec()["step"] == 7
+  # Its cache identity is what the masks are a function of, not where the workdir is.
+  assert "path" not in source.spec() and len(source.spec()["params"]) == 16
   with pytest.raises(ValueError, match="training workdir"):
     masks_lib.make_source(config_lib.part_masks("stage1"), "test", 1, None)
 

@@ -43,7 +43,7 @@ def test_model_info_is_required_by_name_and_round_trips(tmp_path):
   files.write_model_info({"model": {"name": "stage1"}})
   assert files.read_model_info() == {"model": {"name": "stage1"}}
   assert files.read_config() is None
-  files.write_config({"job": "train"})
+  files.write_config_json({"job": "train"})
   assert files.read_config() == {"job": "train"}
   files.config_file.write_text("{not json")
   with pytest.raises(ValueError, match=r"config.json cannot be read as JSON"):
@@ -60,3 +60,42 @@ def test_write_text_leaves_no_aside_file(tmp_path):
 def test_a_local_workdir_is_its_own_staging_folder(tmp_path):
   with layout.staged_locally(tmp_path / "run") as local:
     assert local == os.fspath(tmp_path / "run")
+
+
+def test_paths_inside_the_jobs_tree_are_recorded_relative_to_the_holder(tmp_path):
+  root = tmp_path / "demo"
+  backbone, sub = root / "backbone", root / "single"
+  assert layout.record_path(backbone, sub, root) == "workdir:../backbone"
+  assert layout.record_path(backbone, root, root) == "workdir:backbone"
+  table3 = root / "ste_seed0"
+  assert layout.record_path(table3 / "train", table3 / "probe", root) == "workdir:../train"
+  assert layout.record_path(backbone, table3 / "train", root) == "workdir:../../backbone"
+  # An input outside the tree (a user's checkpoint) is recorded as given, absolute locally.
+  assert layout.record_path(tmp_path / "ckpt", sub, root) == os.fspath(tmp_path / "ckpt")
+  assert layout.record_path(tmp_path / "demo2", sub, root) == os.fspath(tmp_path / "demo2")
+  assert layout.record_path("gs://b/demo/backbone", "gs://b/demo/single",
+                            "gs://b/demo") == "workdir:../backbone"
+
+
+def test_a_relative_record_resolves_against_where_the_workdir_is_now(tmp_path):
+  moved = tmp_path / "moved"
+  assert layout.resolve_path("workdir:../backbone", moved / "single") == os.fspath(
+      moved / "backbone")
+  assert layout.resolve_path("workdir:../../backbone",
+                             "gs://b/t3/ste_seed0/train") == "gs://b/t3/backbone"
+  assert layout.resolve_path("workdir:backbone", "gs://b/demo") == "gs://b/demo/backbone"
+  # Older records (absolute), a user's path and "no checkpoint" are returned as they are.
+  for recorded in ("/old/place/backbone", "gs://b/ckpt", ""):
+    assert layout.resolve_path(recorded, moved) == recorded
+  # An unresolved record is never taken for a path of the current directory.
+  with pytest.raises(ValueError, match=r"'workdir:../backbone' is a path recorded relative to "
+                                       r"a workdir; read it with layout.resolve_path"):
+    Workdir("workdir:../backbone")
+
+
+def test_write_json_is_strict_json_and_names_the_file(tmp_path):
+  path = layout.write_json(tmp_path / "results.json", {"mAP": 0.5, "rows": [1, 2]})
+  assert layout.read_json(path) == {"mAP": 0.5, "rows": [1, 2]}
+  with pytest.raises(ValueError, match=r"bad.json: not written, Out of range float values"):
+    layout.write_json(tmp_path / "bad.json", {"mAP": float("nan")})
+  assert not (tmp_path / "bad.json").exists()

@@ -59,7 +59,8 @@ def make_source(dataset: str, root, split: str, *, source: str = "", **options):
 
 def make_source_from_config(data_config, split: str):
   """`make_source` of `split` for a config.data block: its dataset, root, source ("" when the
-  block has none) and options. The trainer and the leakage benchmark both open splits here.
+  block has none) and options. The trainer, the leakage benchmark and the preflight open
+  splits here.
 
   An empty root is refused naming the flag that sets it (the synthetic world reads no files);
   without the check each dataset would fail on its own missing first file.

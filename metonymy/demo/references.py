@@ -25,10 +25,7 @@ MAP_PRIORS = {"total_variation": "total_variation", "foreground_presence": "fore
 def evaluated_examples(data_cfg):
   """(source, count): the split a train job evaluates on (`eval_split`) and how many of its first
   examples it scores (`eval_examples`, 0 = all)."""
-  options = data_cfg.options.to_dict() if hasattr(data_cfg.options, "to_dict") else dict(
-      data_cfg.options)
-  source = data_lib.make_source(data_cfg.dataset, data_cfg.root or None, data_cfg.eval_split,
-                                **options)
+  source = data_lib.make_source_from_config(data_cfg, data_cfg.eval_split)
   return source, min(len(source), int(data_cfg.eval_examples) or len(source))
 
 

@@ -2,7 +2,6 @@
 (the tables, the per-group mAP matrices, and links to the figures the sub-jobs drew)."""
 
 import glob
-import json
 import os
 from typing import Dict, List
 
@@ -10,14 +9,13 @@ from metonymy.demo import subjobs
 from metonymy.demo import text
 from metonymy.probe import report as probe_report
 from metonymy.workdir import Workdir
+from metonymy.workdir import layout
 
 
 def write_story(workdir: str, config, results: Dict) -> List[str]:
   """DIR/results.json and DIR/report.md; returns their paths."""
   files = Workdir(workdir)
-  path_json = os.fspath(files.results_file)
-  with open(path_json, "w") as f:
-    json.dump(probe_report.sanitize(results), f, indent=2, allow_nan=False)
+  path_json = os.fspath(layout.write_json(files.results_file, probe_report.sanitize(results)))
   b = results["benchmark"]
   tables = text.results_tables(results)
   lines = ["# metonymy demo: intra-object leakage on the synthetic parts world", "",

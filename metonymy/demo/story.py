@@ -29,6 +29,7 @@ from metonymy.demo import stand_in
 from metonymy.demo import subjobs
 from metonymy.demo import text
 from metonymy.workdir import Workdir
+from metonymy.workdir import layout
 
 
 def run_story(config, workdir: str) -> Dict:
@@ -45,7 +46,7 @@ def run_story(config, workdir: str) -> Dict:
 
   steps.begin("benchmark", "leakage benchmark: ground-truth part masks, late vs early masking")
   bench = subjobs.run_benchmark(config, backbone, Workdir(workdir).sub(subjobs.BENCHMARK_DIR).path,
-                                world)
+                                world, root=workdir)
 
   steps.begin("part_discovery", "part discovery: single-stage, then two-stage STE")
   trained = {}
@@ -55,13 +56,14 @@ def run_story(config, workdir: str) -> Dict:
                     f"{sub.trainer.num_steps} steps at batch {sub.data.batch_size}")
     trained[key] = subjobs.run_training(sub, backbone,
                                         Workdir(workdir).sub(subjobs.TRAIN_DIRS[key]).path, world,
-                                        config.seed)
+                                        config.seed, root=workdir)
 
   steps.begin("report", "writing report.md and results.json")
   chance = references.chance_map(subjobs.with_world(config.single, world).data)
   priors = references.prior_costs(config, backbone, workdir, world)
   seconds = steps.finish()
-  results = story_results(config, backbone, stand_in_record, bench, trained, seconds)
+  results = story_results(config, layout.record_path(backbone, workdir, workdir), stand_in_record,
+                          bench, trained, seconds)
   results["machine"].update(machine_load.at_end(load_at_start))
   results["part_discovery"]["chance_mAP"] = chance
   results["part_discovery"]["priors"] = priors
@@ -100,7 +102,7 @@ def story_results(config, backbone: str, stand_in_record: Optional[Dict], bench:
       "job": "demo",
       "seed": int(config.seed),  # the run seed of every sub-job; the world's is world.seed
       "world": config.world.to_dict(),
-      "backbone": {"path": os.path.abspath(backbone),
+      "backbone": {"path": backbone,
                    "arch": config.backbone.arch.to_dict() if pretrained_here else None,
                    "pretraining_steps": (int(config.backbone_pretraining.steps)
                                          if pretrained_here else None),

@@ -7,7 +7,6 @@ the fall of early PS with correlation is real correlation, and the gap between l
 correlation 0 is leakage."""
 
 import datetime
-import json
 import os
 from typing import Dict, List
 
@@ -21,6 +20,7 @@ from metonymy.demo import subjobs
 from metonymy.demo import text
 from metonymy.probe import report as probe_report
 from metonymy.workdir import Workdir
+from metonymy.workdir import layout
 
 SWEEP_PNG = "ps_vs_correlation.png"
 
@@ -42,13 +42,13 @@ def run_sweep(config, workdir: str) -> Dict:
     # One workdir (and feature cache) per world: the cache key does not hold the correlation.
     sub_dir = os.fspath(Workdir(workdir).sub(f"correlation_{c:g}").path)
     title = f"synthetic parts world, correlation {c:g}, the demo's tiny ViT"
-    r = subjobs.run_benchmark(config, backbone, sub_dir, world, title=title)
+    r = subjobs.run_benchmark(config, backbone, sub_dir, world, root=workdir, title=title)
     points.append({"correlation": c, "workdir": os.path.relpath(sub_dir, workdir),
                    **{k: r.get(k) for k in ("ps_late", "ps_early", "ps_late_ci", "ps_early_ci",
                                             "causal_leakage_late", "causal_leakage_early")}})
   steps.begin("report", "plotting PS against correlation")
   seconds = steps.finish()
-  results = {"job": "demo", "mode": "correlation_sweep", "backbone": os.path.abspath(backbone),
+  results = {"job": "demo", "mode": "correlation_sweep", "backbone": layout.record_path(backbone, workdir, workdir),
              "world": config.world.to_dict(), "points": points, "seconds": seconds,
              "date": datetime.datetime.now().isoformat(timespec="seconds")}
   written = write_sweep(workdir, results)
@@ -61,9 +61,7 @@ def write_sweep(workdir: str, results: Dict) -> List[str]:
   files = Workdir(workdir)
   png = os.fspath(files.output(SWEEP_PNG))
   plots.plot_sweep(png, results["points"])
-  path_json = os.fspath(files.results_file)
-  with open(path_json, "w") as f:
-    json.dump(probe_report.sanitize(results), f, indent=2, allow_nan=False)
+  path_json = os.fspath(layout.write_json(files.results_file, probe_report.sanitize(results)))
   rows = [[f"{p['correlation']:g}", text.with_ci(p, "ps_late"), text.with_ci(p, "ps_early"),
            text.fmt(None if p["ps_late"] is None or p["ps_early"] is None
                     else p["ps_early"] - p["ps_late"]),

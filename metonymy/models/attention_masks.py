@@ -6,7 +6,7 @@ one group: prefix copy k to group k, a patch to its part id. A token attends onl
 its own group, so part k's prefix tokens are a function of part k's pixels alone.
 """
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -112,13 +112,23 @@ def selected_part_attention_bias(patch_part_probs: jnp.ndarray, part_ids: jnp.nd
   return jnp.where(mask, key_log_weight[:, None, None, :], jnp.finfo(dtype).min)
 
 
-def check_part_ids(part_ids: jnp.ndarray, num_parts: int) -> Optional[str]:
-  """Returns an error message if concrete part ids fall outside [0, num_parts], else None."""
-  if isinstance(part_ids, jax.core.Tracer):
-    return None
-  values = np.asarray(part_ids)
-  low, high = int(values.min()), int(values.max())
-  if low < 0 or high > num_parts:
-    return (f"part_ids must lie in [0, num_parts={num_parts}] (num_parts is the background id); "
-            f"got values in [{low}, {high}].")
-  return None
+def checked_num_parts(part_ids: jnp.ndarray, num_parts: Optional[int],
+                      shape: Tuple[int, ...]) -> int:
+  """K for an encoder's `part_ids` [B, h, w] on its patch grid (`shape`): `num_parts`, or the
+  largest id of concrete ids when None. A ValueError when the shape is not `shape`, when ids
+  under jit come without `num_parts`, or when concrete ids fall outside [0, K]."""
+  if part_ids.shape != tuple(shape):
+    raise ValueError(f"part_ids must have shape [B, h, w] = {tuple(shape)} on the patch grid, "
+                     f"got {part_ids.shape}.")
+  traced = isinstance(part_ids, jax.core.Tracer)
+  if num_parts is None:
+    if traced:
+      raise ValueError("num_parts must be given when part_ids is traced (e.g. under jit).")
+    num_parts = int(np.max(np.asarray(part_ids)))
+  if not traced:
+    values = np.asarray(part_ids)
+    low, high = int(values.min()), int(values.max())
+    if low < 0 or high > num_parts:
+      raise ValueError(f"part_ids must lie in [0, num_parts={num_parts}] (num_parts is the "
+                       f"background id); got values in [{low}, {high}].")
+  return num_parts

@@ -342,16 +342,7 @@ class SamImageEncoder(nn.Module):
     if part_ids is not None:
       if not cfg.part_pooling:
         raise ValueError(f"SamImageEncoder: {EARLY_MASKING_REFUSAL}")
-      if part_ids.shape != (batch,) + grid:
-        raise ValueError(f"part_ids must have shape [B, h, w] = {(batch,) + grid} on the patch "
-                         f"grid, got {part_ids.shape}.")
-      if num_parts is None:
-        if isinstance(part_ids, jax.core.Tracer):
-          raise ValueError("num_parts must be given when part_ids is traced (e.g. under jit).")
-        num_parts = int(np.max(np.asarray(part_ids)))
-      error = attention_masks.check_part_ids(part_ids, num_parts)
-      if error:
-        raise ValueError(error)
+      num_parts = attention_masks.checked_num_parts(part_ids, num_parts, (batch,) + grid)
       groups = jnp.asarray(part_ids, jnp.int32)
     x = nn.Conv(cfg.width, (cfg.patch_size,) * 2, strides=(cfg.patch_size,) * 2, padding="VALID",
                 dtype=self.dtype, name="patch_embed")(images.astype(self.dtype))

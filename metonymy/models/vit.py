@@ -513,16 +513,7 @@ class VisionTransformer(nn.Module):
       cls = tokens[:, 0]
     else:
       grid = self.patch_grid(images.shape)
-      if part_ids.shape != (batch,) + grid:
-        raise ValueError(f"part_ids must have shape [B, h, w] = {(batch,) + grid} on the patch grid, "
-                         f"got {part_ids.shape}.")
-      if num_parts is None:
-        if isinstance(part_ids, jax.core.Tracer):
-          raise ValueError("num_parts must be given when part_ids is traced (e.g. under jit).")
-        num_parts = int(np.max(np.asarray(part_ids)))
-      error = attention_masks.check_part_ids(part_ids, num_parts)
-      if error:
-        raise ValueError(error)
+      num_parts = attention_masks.checked_num_parts(part_ids, num_parts, (batch,) + grid)
       groups = num_parts + 1
       flat_ids = part_ids.reshape(batch, num_patches)
       prefix_copies = jnp.tile(prefix, (1, groups, 1))  # [B, (K+1) P, D], copy-major.

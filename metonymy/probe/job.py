@@ -24,6 +24,7 @@ from metonymy.probe import pretrain
 from metonymy.probe import report
 from metonymy.training import writers
 from metonymy.workdir import Workdir
+from metonymy.workdir import layout
 
 
 def backbone_entries(config) -> List[Tuple[str, object]]:
@@ -45,7 +46,8 @@ def run(config, workdir: str) -> Dict:
   cache_root = config.features.cache_dir or os.fspath(Workdir(workdir).feature_cache)
   suite = "backbones" in config
   per_backbone, visuals, arch, skipped = {}, {}, {}, {}
-  for name, backbone_cfg in backbone_entries(config):
+  inputs = with_paths_resolved(config, workdir)  # What it reads; the reports keep `config`.
+  for name, backbone_cfg in backbone_entries(inputs):
     if not backbone_cfg.checkpoint and not config.allow_random_backbone:
       reason = ("no checkpoint: pass --config.backbone" + (f"s.{name}" if suite else "")
                 + ".checkpoint=PATH (or set allow_random_backbone=True)")
@@ -72,7 +74,7 @@ def run(config, workdir: str) -> Dict:
                       f"{vit_config.width}, patch {vit_config.patch_size}, {config.data.dataset} "
                       f"at {config.data.image_size or vit_config.image_size} px")
       results, vis = benchmark.evaluate(name, model, params, vit_config,
-                                        _with_backbone_maskings(config, backbone_cfg),
+                                        _with_backbone_maskings(inputs, backbone_cfg),
                                         seed=int(seed), cache_root=cache_root)
       per_seed.append(results)
       visuals.setdefault(name, vis["leakage_examples"])
@@ -104,7 +106,7 @@ def _write_tensorboard(workdir: str, config, results: Dict, written) -> None:
   over seeds) as scalars at step 0, and the report's figures as images."""
   writer = writers.MetricWriter(workdir)
   try:
-    writer.write_config(config)
+    writer.write_config_to_tensorboard(config)
     for name, backbone in results["backbones"].items():
       scalars = {f"{name}/{k}": v for k, v in backbone["mean"].items()
                  if k in TENSORBOARD_KEYS and v is not None}
@@ -115,6 +117,20 @@ def _write_tensorboard(workdir: str, config, results: Dict, written) -> None:
         writer.write_figure(0, f"figures/{os.path.basename(path)[:-4]}", path)
   finally:
     writer.close()
+
+
+def with_paths_resolved(config, workdir: str):
+  """A copy of `config` whose backbone checkpoints and masks.path are the paths they name:
+  a sub-run records those of its own job's tree relative to its workdir ("workdir:../train",
+  layout.record_path), read here against where that workdir is now; any other path as given."""
+  config = config.copy_and_resolve_references()
+  blocks = [config.backbone] if "backbone" in config else []
+  blocks += list((config.get("backbones") or {}).values())
+  for block in blocks:
+    block.checkpoint = layout.resolve_path(block.checkpoint, workdir)
+  if config.masks.get("path"):
+    config.masks.path = layout.resolve_path(config.masks.path, workdir)
+  return config
 
 
 def _with_backbone_maskings(config, backbone_cfg):

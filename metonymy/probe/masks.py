@@ -47,7 +47,7 @@ from typing import Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 
 from metonymy.evaluation import part_names as part_names_lib
-from metonymy.workdir import as_path
+from metonymy.probe import cache as cache_lib
 
 PATCH_RULES = ("plurality", "foreground")
 SOURCES = ("ground_truth", "file", "stage1")
@@ -341,10 +341,19 @@ class Stage1Masks:
     self.num_parts = int(self.model.num_parts)
     self.part_names = tuple(part_names) or tuple(part_names_lib.discovered_names(self.num_parts))
     self.image_mean, self.image_std = tuple(image_mean), tuple(image_std)
+    self._params_fingerprint = None
 
   def spec(self) -> Dict:
-    return {"source": "stage1", "path": os.fspath(as_path(self.path)),
+    # What the masks are a function of: the trained parameters, not where the workdir is, so a
+    # moved (or gs://-staged) workdir keeps its feature cache and meta.json names no location.
+    return {"source": "stage1", "params": self._fingerprint(),
             "step": int(self.model.meta.get("step") or 0), "num_parts": self.num_parts}
+
+  def _fingerprint(self) -> str:
+    if self._params_fingerprint is None:  # Once: every split's cache asks.
+      self._params_fingerprint = cache_lib.params_fingerprint(
+          {"trained": self.model.params, "frozen": self.model.frozen})
+    return self._params_fingerprint
 
   def __call__(self, batch: Mapping[str, np.ndarray]) -> PartMaps:
     labels, foreground = self.model.pixel_labels(np.asarray(batch["image"], np.float32),

@@ -10,7 +10,6 @@ results.json:
   skipped: {name: reason} for suite backbones that did not run.
 """
 
-import json
 import math
 import os
 from typing import Dict, List, Mapping, Optional, Sequence
@@ -21,6 +20,7 @@ from metonymy.evaluation import bootstrap as bootstrap_lib
 from metonymy.evaluation import part_names as part_names_lib
 from metonymy.probe import plots
 from metonymy.workdir import Workdir
+from metonymy.workdir import layout
 
 # Per-seed keys that are numbers (or nested lists of numbers) and are averaged over seeds.
 _NON_METRIC = {"backbone", "seed", "dataset", "num_parts", "part_names", "groups", "num_examples",
@@ -145,9 +145,7 @@ def write(workdir: str, config, results: Dict, visuals: Mapping[str, Dict],
   """Writes results.json, report.md and the PNGs; returns the files written."""
   written = []
   files = Workdir(workdir)
-  path = os.fspath(files.results_file)
-  with open(path, "w") as f:
-    json.dump(sanitize(results), f, indent=2, allow_nan=False)
+  path = os.fspath(layout.write_json(files.results_file, sanitize(results)))
   written.append(path)
 
   dataset = results["dataset"]

@@ -16,6 +16,7 @@ from metonymy.demo import subjobs
 from metonymy.table3 import report
 from metonymy.table3 import runs
 from metonymy.table3 import stats
+from metonymy.workdir import layout
 
 
 def run(config, workdir: str) -> Dict:
@@ -48,7 +49,7 @@ def run(config, workdir: str) -> Dict:
       "world": world.to_dict(),
       "world_seed": int(world.seed),
       "seeds": [int(s) for s in config.seeds],
-      "backbone": {"path": os.path.abspath(backbone), "source": (record or {}).get("source"),
+      "backbone": {"path": layout.record_path(backbone, workdir, workdir), "source": (record or {}).get("source"),
                    "quality_val": (record or {}).get("quality_val")},
       "protocol": report.protocol(config, training),
       "chance_mAP": references.chance_map(eval_data),

@@ -1,7 +1,6 @@
 """What the Table-3 job writes: results.json, report.md, fig4_part_maps.png and README's
 "table3:results" block. Every number comes from the rows the runs wrote (runs.row)."""
 
-import json
 import math
 import os
 from typing import Dict, List, Tuple
@@ -23,6 +22,7 @@ from metonymy.probe import report as probe_report
 from metonymy.training import inputs
 from metonymy.training import optimizer
 from metonymy.workdir import Workdir
+from metonymy.workdir import layout
 
 README_BLOCK = "table3:results"
 FIGURE = "fig4_part_maps.png"
@@ -388,9 +388,7 @@ def part_map_figure(path: str, config, dirs: Dict[Tuple[str, int], str], seed: i
 def write(config, workdir: str, results: Dict, dirs) -> List[str]:
   written = []
   files = Workdir(workdir)
-  path = os.fspath(files.results_file)
-  with open(path, "w") as f:
-    json.dump(results, f, indent=2)
+  path = os.fspath(layout.write_json(files.results_file, probe_report.sanitize(results)))
   written.append(path)
   if part_map_figure(os.fspath(files.output(FIGURE)), config, dirs, int(config.seeds[0]),
                      int(config.figure_images)):

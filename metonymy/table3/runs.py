@@ -11,6 +11,7 @@ import ml_collections
 from metonymy import config_lib
 from metonymy.demo import subjobs
 from metonymy.workdir import Workdir
+from metonymy.workdir import layout
 
 # Two-stage variants: name -> (mask, hard_gradient). "hard_none" is the counterfactual with no
 # Stage-2 gradient into Stage 1 (the main text's reading of hard masks).
@@ -39,7 +40,8 @@ def run_dir(workdir: str, variant: str, seed: int) -> str:
 def train(config, variant: str, seed: int, backbone: str, workdir: str) -> str:
   """Trains (or finds trained) `variant` at run seed `seed`; returns its train workdir."""
   directory = os.fspath(Workdir(run_dir(workdir, variant, seed)).sub("train").path)
-  subjobs.run_training(training_config(config, variant), backbone, directory, config.world, seed)
+  subjobs.run_training(training_config(config, variant), backbone, directory, config.world, seed,
+                       root=workdir)
   return directory
 
 
@@ -54,12 +56,12 @@ def benchmark(config, variant: str, seed: int, backbone: str, train_dir: str,
     with open(results_path) as f:
       return json.load(f)
   bench = ml_collections.ConfigDict(config.benchmark.to_dict())
-  bench.masks.path = os.path.abspath(train_dir)
+  bench.masks.path = layout.record_path(train_dir, directory, workdir)
   bench.features.maskings = ("late",) if variant == "single" else ("early",)
   bench.backbone_name = f"{variant} seed {seed}"
   source = backbone if variant == "single" else train_dir
   return subjobs.run_benchmark(ml_collections.ConfigDict({"benchmark": bench, "seed": seed}),
-                               source, directory, config.world,
+                               source, directory, config.world, root=workdir,
                                title=f"{variant}, run seed {seed}: its own part features")
 
 

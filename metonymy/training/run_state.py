@@ -121,7 +121,7 @@ def _refuse(mngr: ocp.CheckpointManager, step: int) -> None:
   """Moves `step` out of the checkpoint directory (process 0), so that it is neither resumed from
   nor in the way of the step's next save; every process then re-reads the step list."""
   directory_ = epath.Path(mngr.directory)
-  refused = directory_.parent / layout.REFUSED_DIR / str(step)
+  refused = _refused_path(mngr, step)
   if jax.process_index() == 0:
     refused.parent.mkdir(parents=True, exist_ok=True)
     target, n = refused, 1
@@ -132,6 +132,12 @@ def _refuse(mngr: ocp.CheckpointManager, step: int) -> None:
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(f"metonymy_refuse_checkpoint_{step}")
   mngr.reload()
+
+
+def _refused_path(mngr: ocp.CheckpointManager, step: int) -> epath.Path:
+  """Where `_refuse` moves `step`: the workdir holding the manager's directory (WORKDIR/
+  checkpoints) keeps it in refused_checkpoints/<step> (layout.Workdir.refused_checkpoint)."""
+  return Workdir(epath.Path(mngr.directory).parent).refused_checkpoint(step)
 
 
 def _unreadable_reason(error: BaseException, step_dir: str) -> str:
@@ -165,7 +171,7 @@ def restore_newest_finite(mngr: ocp.CheckpointManager, abstract_state, data_iter
   def refuse(step, reason):
     logging.warning("Refusing checkpoint step %d in %s: %s. Moved to %s; resuming from the "
                     "newest usable checkpoint instead.", step, directory_, reason,
-                    os.fspath(epath.Path(directory_).parent / layout.REFUSED_DIR / str(step)))
+                    os.fspath(_refused_path(mngr, step)))
     _refuse(mngr, step)
     refused.append((step, reason))
 

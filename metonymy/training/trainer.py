@@ -96,26 +96,30 @@ def _batch_sizes(config, mesh) -> int:
 
 def _load_model(config, workdir: str,
                 num_attributes: int) -> Tuple[part_model.PartModel, Any]:
-  """(model, frozen params); a random-init backbone is saved once and reloaded on resume."""
-  if config.backbone.checkpoint and not workdir_layout.as_path(config.backbone.checkpoint).exists():
+  """(model, frozen params); a random-init backbone is saved once and reloaded on resume.
+  model.json keeps config.backbone.checkpoint as given (a sub-run's "workdir:../backbone");
+  it is read here against the workdir (layout.resolve_path)."""
+  checkpoint = workdir_layout.resolve_path(config.backbone.checkpoint, workdir)
+  if checkpoint and not workdir_layout.as_path(checkpoint).exists():
     raise FileNotFoundError(
-        f"config.backbone.checkpoint={config.backbone.checkpoint!r} does not exist. Convert a "
-        f"checkpoint with `python -m metonymy.checkpoints convert --input FILE --output DIR` and "
-        f"pass --config.backbone.checkpoint=DIR (or set it to '' for a random-init backbone).")
+        f"config.backbone.checkpoint={config.backbone.checkpoint!r} ({checkpoint}) does not "
+        f"exist. Convert a checkpoint with `python -m metonymy.checkpoints convert --input FILE "
+        f"--output DIR` and pass --config.backbone.checkpoint=DIR (or set it to '' for a "
+        f"random-init backbone).")
   saved = Workdir(workdir).backbone
   exists = store.is_converted(saved)
   if jax.process_count() > 1:  # One decision for all: saving and loading are collective.
     exists = bool(multihost_utils.broadcast_one_to_all(np.asarray(exists)))
-  if config.backbone.checkpoint or not exists:
-    model, frozen = loading.build_model(config, num_attributes)
-    if not config.backbone.checkpoint:  # Every process: Orbax saves collectively.
-      store.save_converted(saved, model.backbone.config, frozen,
-                           source=f"random init of {config.backbone.preset}, seed {config.seed}")
-    return model, frozen
-  # Resuming a random-init run: the saved backbone, not a re-draw (immune to RNG changes).
+  if not checkpoint and exists:
+    # Resuming a random-init run: the saved backbone, not a re-draw (immune to RNG changes).
+    checkpoint = os.fspath(saved)
   config = ml_collections.ConfigDict(config.to_dict())
-  config.backbone.checkpoint = os.fspath(saved)
-  return loading.build_model(config, num_attributes)
+  config.backbone.checkpoint = checkpoint
+  model, frozen = loading.build_model(config, num_attributes)
+  if not checkpoint:  # Every process: Orbax saves collectively.
+    store.save_converted(saved, model.backbone.config, frozen,
+                         source=f"random init of {config.backbone.preset}, seed {config.seed}")
+  return model, frozen
 
 
 def _write_model_file(config, workdir: str, info) -> None:
@@ -263,7 +267,7 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
   # Resume or start.
   mngr = run_state.manager(workdir, config.trainer.keep_checkpoints)
   writer = writers.MetricWriter(workdir, enabled=jax.process_index() == 0)
-  writer.write_config(config)
+  writer.write_config_to_tensorboard(config)
   finite_or_raise = functools.partial(_finite_or_raise, mngr=mngr, writer=writer,
                                       learning_rates=config.optimizer.learning_rates.to_dict())
   train_iter = iter(train_ds)

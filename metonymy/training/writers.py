@@ -1,7 +1,9 @@
 """Metrics out of a run, without TensorFlow: JSONL, TensorBoard event files, PNGs.
 
   WORKDIR/metrics.jsonl       one {"step": s, "<name>": value, ...} object per line (appended
-                              across resumes; a resume first trims it to the restored step)
+                              across resumes; a resume first trims it to the restored step); on
+                              an object store metrics.jsonl.d/<n>.jsonl, one object per upload
+                              (layout.Workdir.metric_files reads either as one stream)
   WORKDIR/tensorboard/        event files (tensorboardX; `tensorboard --logdir WORKDIR`): the
                               scalars, the part-map images, the resolved config as text
   WORKDIR/images/<name>_<step>.png
@@ -35,67 +37,92 @@ def _scalar(value) -> float:
 
 
 class MetricsLog:
-  """WORKDIR/metrics.jsonl, appended to. An object store has no append: there the lines are
-  kept and the object rewritten whole, at most every `REMOTE_FLUSH_S` and at `flush`/`close`."""
+  """A workdir's metrics stream (layout.Workdir.metric_files). Locally metrics.jsonl, appended
+  to. An object store has no append: there the lines since the last upload go up as one new
+  object, metrics.jsonl.d/<n>.jsonl, at most every `REMOTE_FLUSH_S` and at `flush`/`close`, so
+  the bytes a run uploads grow with its length (rewriting one object whole at every upload
+  would make them grow with its square)."""
 
   REMOTE_FLUSH_S = 30.0
 
-  def __init__(self, path):
-    self.path = layout.as_path(path)
-    self._local = layout.is_local(self.path)
-    self._lines: List[str] = []
+  def __init__(self, files: Workdir):
+    self.files = files
+    self._local = files.is_local
+    self._pending: List[str] = []
     self._last_upload = 0.0
     if self._local:
-      self._file = open(self.path, "a")
+      self._file = open(files.metrics_file, "a")
     else:
-      self._lines = self.path.read_text().splitlines(keepends=True) if self.path.exists() else []
+      self._next_chunk = self._after_last_chunk()
+
+  def _after_last_chunk(self) -> int:
+    chunks = self.files.metric_chunks()
+    return layout.metrics_chunk_number(chunks[-1]) + 1 if chunks else 0
 
   def append(self, line: str) -> None:
     if self._local:
       self._file.write(line)
       self._file.flush()
       return
-    self._lines.append(line)
+    self._pending.append(line)
     if time.monotonic() - self._last_upload >= self.REMOTE_FLUSH_S:
       self.flush()
 
   def flush(self) -> None:
     if self._local:
       self._file.flush()
-    else:
-      self.path.write_text("".join(self._lines))
-      self._last_upload = time.monotonic()
+      return
+    if self._pending:
+      layout.write_text(layout.metrics_chunk(self.files.metrics_chunks, self._next_chunk),
+                        "".join(self._pending))
+      self._next_chunk += 1
+      self._pending = []
+    self._last_upload = time.monotonic()
 
   def trim(self, step: int) -> None:
-    """Drops the records after `step` (and a line a kill left half-written)."""
+    """Drops the records after `step` (and a line a kill left half-written). On an object store
+    each file of the stream that holds such a record is replaced by its kept lines (removed
+    when none is kept); a kill halfway leaves whole files, and the next resume trims again."""
     if self._local:
       self._file.close()
-      with open(self.path) as f:
+      with open(self.files.metrics_file) as f:
         lines = f.readlines()
-    else:
-      lines = list(self._lines)
-    kept = []
-    for line in lines:
-      try:
-        record = json.loads(line)
-      except ValueError:
+      kept = _records_up_to(lines, step)
+      if len(kept) != len(lines):  # Aside, then renamed: a kill keeps one whole file.
+        layout.write_text(self.files.metrics_file, "".join(kept))
+      self._file = open(self.files.metrics_file, "a")
+      return
+    self.flush()
+    for path in self.files.metric_files():
+      lines = path.read_text().splitlines(keepends=True)
+      kept = _records_up_to(lines, step)
+      if len(kept) == len(lines):
         continue
-      if isinstance(record, dict) and isinstance(record.get("step"), int) and (
-          record["step"] <= step):
-        kept.append(line if line.endswith("\n") else line + "\n")
-    if self._local:
-      if len(kept) != len(lines):
-        layout.write_text(self.path, "".join(kept))  # Aside, then renamed: a kill keeps one whole.
-      self._file = open(self.path, "a")
-    else:
-      self._lines = kept
-      self.flush()
+      if kept or path == self.files.metrics_file:
+        layout.write_text(path, "".join(kept))
+      else:
+        path.unlink()
+    self._next_chunk = self._after_last_chunk()
 
   def close(self) -> None:
     if self._local:
       self._file.close()
     else:
       self.flush()
+
+
+def _records_up_to(lines: List[str], step: int) -> List[str]:
+  """The lines of `lines` that are whole records of a step <= `step`, each ending in a newline."""
+  kept = []
+  for line in lines:
+    try:
+      record = json.loads(line)
+    except ValueError:
+      continue
+    if isinstance(record, dict) and isinstance(record.get("step"), int) and (
+        record["step"] <= step):
+      kept.append(line if line.endswith("\n") else line + "\n")
+  return kept
 
 
 class MetricWriter:
@@ -108,7 +135,7 @@ class MetricWriter:
     if not enabled:
       return
     self.files.images.mkdir(parents=True, exist_ok=True)
-    self._jsonl = MetricsLog(self.files.metrics_file)
+    self._jsonl = MetricsLog(self.files)
     try:
       from tensorboardX import SummaryWriter
     except ImportError as e:
@@ -146,7 +173,7 @@ class MetricWriter:
     self._tb.add_image(name, image, int(step), dataformats="HWC")
     return os.fspath(path)
 
-  def write_config(self, config) -> None:
+  def write_config_to_tensorboard(self, config) -> None:
     """The resolved config as TensorBoard text (tag "config", step 0), so a run's event files
     say what ran."""
     if not self.enabled:

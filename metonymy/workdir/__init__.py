@@ -15,4 +15,5 @@ every layer may use it; importing it (without `checkpoints`) does not import JAX
 
 from metonymy.workdir import claim
 from metonymy.workdir import layout
-from metonymy.workdir.layout import Workdir, as_path, is_local, read_json, write_json, write_text
+from metonymy.workdir.layout import (Workdir, as_path, is_local, read_json, record_path,
+                                     resolve_path, write_json, write_text)

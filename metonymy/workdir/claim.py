@@ -194,10 +194,10 @@ def _busy_message(workdir, path, other: Dict, remedy: str) -> str:
 def acquire(workdir) -> Lock:
   """Takes WORKDIR/run.lock for this process, breaking a stale one; raises WorkdirBusyError
   naming the holder when a live run has it (see the module docstring for object stores)."""
-  if not layout.is_local(workdir):
-    return _acquire_remote(layout.as_path(workdir))
-  workdir = os.path.abspath(os.fspath(workdir))
-  path = os.path.join(workdir, LOCK_FILE)
+  files = layout.Workdir(workdir)
+  if not files.is_local:
+    return _acquire_remote(files)
+  workdir, path = os.fspath(files.path), os.fspath(files.lock_file)
   holder = _holder()
   for _ in range(5):  # Retries only after a stale lock was broken.
     try:
@@ -230,8 +230,8 @@ def _read_remote_lock(path) -> Dict:
     return {}
 
 
-def _acquire_remote(workdir) -> Lock:
-  path = workdir / LOCK_FILE
+def _acquire_remote(files: layout.Workdir) -> Lock:
+  workdir, path = files.path, files.lock_file
   holder = _holder()
   if path.exists():
     other = _read_remote_lock(path)
@@ -309,7 +309,7 @@ def claim(workdir, config) -> Optional[Lock]:
       files = layout.Workdir(workdir).make()
       lock = acquire(files.path)
       check_config(files.path, config)
-      files.write_config(config)
+      files.write_config_json(config)
     except (WorkdirBusyError, ConfigMismatchError, OSError) as e:
       error = e
   if jax.process_count() > 1:  # One decision for all: refused, every process stops.
