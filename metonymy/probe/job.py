@@ -127,8 +127,9 @@ def with_paths_resolved(config, workdir: str):
   blocks = [config.backbone] if "backbone" in config else []
   blocks += list((config.get("backbones") or {}).values())
   for block in blocks:
-    block.checkpoint = layout.resolve_path(block.checkpoint, workdir)
-  if config.masks.get("path"):
+    if block.get("checkpoint"):
+      block.checkpoint = layout.resolve_path(block.checkpoint, workdir)
+  if config.get("masks") and config.masks.get("path"):
     config.masks.path = layout.resolve_path(config.masks.path, workdir)
   return config
 
