@@ -33,19 +33,6 @@ from absl import flags
 from ml_collections import config_flags
 import numpy as np
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "A demo or Table-3 config (configs/demo.py[:world=v2]); its `world` block is "
-    "the world checked.", lock_config=True)
-_BACKBONE = flags.DEFINE_string(
-    "backbone", "", "A converted backbone folder for the mechanism probes (default: the world's "
-    "shipped stand-in when its recipe matches; none: the probes are skipped).")
-_SPLIT = flags.DEFINE_string("split", "val", "The split measured (val; test is for results).")
-_TRAIN_IMAGES = flags.DEFINE_integer("train_images", 1500, "Training images the probes and the "
-                                     "position baseline are fit on.")
-_IMAGES = flags.DEFINE_integer("images", 500, "Images of --split measured.")
-_SEED = flags.DEFINE_integer("seed", 0, "Seed of the quarters and the k-means.")
-_OUTPUT = flags.DEFINE_string("output", "", "Also write the numbers to this JSON file.")
-
 QUARTER = 0.25
 # The mechanism is present when early masking loses at least this much colour accuracy from a
 # quarter of each part, and late masking at least MARGIN less than early masking.
@@ -291,23 +278,47 @@ def format_report(out: Dict) -> str:
   return "\n".join(lines)
 
 
-def main(argv) -> int:
+def _define_flags():
+  """The command line's flags, defined when the command runs: importing this module (a test, a
+  notebook, beside export_part_maps' own --config) defines none."""
+  return {
+      "config": config_flags.DEFINE_config_file(
+          "config", None, "A demo or Table-3 config (configs/demo.py[:world=v2]); its `world` "
+          "block is the world checked.", lock_config=True),
+      "backbone": flags.DEFINE_string(
+          "backbone", "", "A converted backbone folder for the mechanism probes (default: the "
+          "world's shipped stand-in when its recipe matches; none: the probes are skipped)."),
+      "split": flags.DEFINE_string("split", "val", "The split measured (val; test is for "
+                                   "results)."),
+      "train_images": flags.DEFINE_integer("train_images", 1500, "Training images the probes "
+                                           "and the position baseline are fit on."),
+      "images": flags.DEFINE_integer("images", 500, "Images of --split measured."),
+      "seed": flags.DEFINE_integer("seed", 0, "Seed of the quarters and the k-means."),
+      "output": flags.DEFINE_string("output", "", "Also write the numbers to this JSON file."),
+  }
+
+
+def main(argv, flag_values) -> int:
   del argv
   from metonymy import console
   console.quiet_library_logs()
-  out = check(_CONFIG.value, backbone=_BACKBONE.value, split=_SPLIT.value,
-              train_images=_TRAIN_IMAGES.value, images=_IMAGES.value, seed=_SEED.value)
+  value = {name: holder.value for name, holder in flag_values.items()}
+  out = check(value["config"], backbone=value["backbone"], split=value["split"],
+              train_images=value["train_images"], images=value["images"], seed=value["seed"])
   print(format_report(out), flush=True)
-  if _OUTPUT.value:
-    with open(_OUTPUT.value, "w") as f:
+  if value["output"]:
+    with open(value["output"], "w") as f:
       json.dump(out, f, indent=1)
   return 0
 
 
-def run(argv) -> None:
-  """Entry point of `python -m metonymy.data world-check` (argv: the flags)."""
-  app.run(main, argv=[f"{sys.argv[0]} world-check"] + list(argv))
+def run(argv=None) -> None:
+  """The command line: `python -m metonymy.world_check` or `python -m metonymy.data world-check`
+  (argv: the flags; default sys.argv[1:])."""
+  flag_values = _define_flags()
+  argv = sys.argv[1:] if argv is None else list(argv)
+  app.run(lambda args: main(args, flag_values), argv=[f"{sys.argv[0]} world-check"] + argv)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run()
