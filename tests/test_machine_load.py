@@ -22,6 +22,8 @@ def test_wall_time_says_when_the_cores_were_shared():
   assert machine_load.wall_time_text("484 s", 484, shared) == (
       "Wall time 484 s on 2 CPU cores (load average 3.9 at the end: the cores were shared with "
       "other jobs)")
+  alone = dict(shared, load_average_end=[2.2, 2.0, 1.0])  # the demo's own threads, nothing else
+  assert "machine otherwise idle" in machine_load.wall_time_text("320 s", 320, alone)
   idle = dict(shared, load_average_end=[1.9, 1.7, 1.0])
   assert machine_load.wall_time_text("484 s", 484, idle) == (
       "Wall time 484 s on 2 CPU cores (load average 1.9 at the end: machine otherwise idle)")
