@@ -100,19 +100,9 @@ def evidence_geometry(test, num_parts: int, patch_size: int,
 def _features(extractors, params, examples, transforms, part_ids_of, batch_size=64):
   """{masking: float [N, K, D]} of the examples under the part ids `part_ids_of(batch)`."""
   from metonymy.data import pipeline as pipeline_lib
-  from metonymy.probe import extract
   out = {name: [] for name in extractors}
-
-  class _List:
-    def __len__(self):
-      return len(examples)
-
-    def __getitem__(self, i):
-      return examples[i]
-
-  batches = pipeline_lib.make_pipeline(extract.IndexSubset(_List(), np.arange(len(examples))),
-                                       batch_size=batch_size, train=False, transforms=transforms,
-                                       shard_index=0, shard_count=1)
+  batches = pipeline_lib.make_pipeline(examples, batch_size=batch_size, train=False,
+                                       transforms=transforms, shard_index=0, shard_count=1)
   for batch in batches:
     valid = np.asarray(batch["valid"], bool)
     n = int(valid.sum())
