@@ -20,7 +20,12 @@ SyntheticConfig option as --config.world.<option>=value). Everything is measured
      from a contiguous quarter of it. The mechanism the two-stage claim rests on is present when
      early masking loses at least 0.2 accuracy from a quarter while late masking loses clearly
      less: the leakage of late masking fills the gap a partial mask leaves.
-  4. What the paper's part-shaping priors charge the ground-truth parts on the patch grid.
+  4. Whether the backbone's patch tokens know their part at all (`pretrain.part_legibility`: a
+     logistic probe from one patch token to its part, balanced accuracy against 1 / (K + 1)).
+     Part discovery reads parts off these tokens: where they do not tell one plain part from
+     another, no model can find the parts however its masks are trained, and a comparison of
+     part-discovery models on that world compares nothing.
+  5. What the paper's part-shaping priors charge the ground-truth parts on the patch grid.
 """
 
 import json
@@ -221,6 +226,7 @@ def check(config, *, backbone: str = "", split: str = "val", train_images: int =
   found = _backbone(config, backbone)
   if found is None:
     out["mechanism"] = None
+    out["part_legibility"] = None
     out["backbone"] = None
   else:
     model, params, arch, described = found
@@ -230,7 +236,19 @@ def check(config, *, backbone: str = "", split: str = "val", train_images: int =
         model, params, arch, probe_data, train, test,
         [train_source.latents(i) for i in range(len(train))],
         [test_source.latents(i) for i in range(len(test))], num_parts, seed)
+    out["part_legibility"] = part_legibility(model, params, arch, probe_data, test_source,
+                                             images, seed)
   return out
+
+
+def part_legibility(model, params, vit_config, data_cfg, source, images: int,
+                    seed: int) -> Optional[Dict]:
+  """`pretrain.part_legibility` of the backbone on `images` examples of `source` (its own
+  fit / score split of those images; nothing of train)."""
+  from metonymy.probe import benchmark
+  from metonymy.probe import pretrain
+  transforms = benchmark.eval_transforms(vit_config, data_cfg)
+  return pretrain.part_legibility(model, params, source, transforms, images=images, seed=seed)
 
 
 def format_report(out: Dict) -> str:
@@ -263,6 +281,12 @@ def format_report(out: Dict) -> str:
                    f"{m['quarter']['pattern']['mean']:.3f}")
     lines.append(f"    mechanism present (early gap >= {EARLY_GAP}, late gap at least {MARGIN} "
                  f"smaller): {'yes' if mech['present'] else 'no'}")
+  legible = out.get("part_legibility")
+  if legible:
+    lines.append(f"  part legibility of {out['backbone']}'s patch tokens: a patch's part, logistic "
+                 f"probe balanced accuracy {legible['part_probe/balanced_accuracy']:.3f} (chance "
+                 f"{legible['part_probe/chance']:.3f}); k-means on the foreground tokens vs the "
+                 f"true parts NMI {legible['kmeans_fg/NMI']:.1f}")
   lines.append("  what the paper's priors charge the ground truth: " + ", ".join(
       f"{name} {value:.3f}" for name, value in out["priors_of_the_truth"].items()))
   return "\n".join(lines)

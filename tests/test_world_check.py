@@ -63,8 +63,13 @@ def test_the_mechanism_probes_run_on_a_given_backbone(tmp_path):
     assert mech[masking]["color_gap"] == pytest.approx(
         mech[masking]["whole"]["color"]["mean"] - mech[masking]["quarter"]["color"]["mean"])
   assert 0.0 < mech["chance"]["color"] < 1.0
+  legible = out["part_legibility"]
+  assert 0.0 <= legible["part_probe/balanced_accuracy"] <= 1.0
+  assert legible["part_probe/chance"] == pytest.approx(1 / 6)
+  assert legible["part_probe/images"] == 24
   report = world_check.format_report(out)
   assert "position baseline" in report and "mechanism present" in report
+  assert "part legibility" in report
 
 
 def test_the_data_command_runs_the_world_check(tmp_path):
