@@ -25,7 +25,7 @@ feature to predict part k's attributes is leakage:
 Every block is a full sub-config, so any key can be overridden, e.g.
 --config.single.trainer.num_steps=400 or --config.benchmark.evaluation.bootstrap=0.
 arg (flags): none for the demo; `tiny`, a smoke run for tests (well under a minute of compute);
-`world=v1|v2`, the world (WORLDS below; v1 for now); `stand_in`, step 1 alone: pretrain the
+`world=v1|v2|v3`, the world (WORLDS below; v1 for now); `stand_in`, step 1 alone: pretrain the
 stand-in anew and write it where the demo finds it, metonymy/assets/<stand_in_name>.{npz,json}
 (the command that made the shipped files, one per world seed: add --config.world.seed=N).
 """
@@ -61,7 +61,13 @@ SIZES = {
 #     at least 18% of the image either way (the position-only partition scores NMI 7-9 / ARI 6-8
 #     on world seeds 0-2), and each part's colour and pattern on a disc of 15% of its area, the
 #     rest in a plain tone (a contiguous quarter of a part misses its evidence about a third of
-#     the time; the whole part shows it 85-99% of the time). 64 px: 16 x 16 patches.
+#     the time; the whole part shows it 85-99% of the time). 64 px: 16 x 16 patches. Its plain
+#     tone is one per image, shared by every part: a plain patch does not say which part it is,
+#     and the stand-in's patch tokens do not know their part (a logistic probe reads a patch's
+#     part at 0.30 balanced accuracy, chance 0.17; v1's at 0.72), so nothing can find the parts.
+#   v3: v2 with each part's plain region in a muted tone of its own (`plain_tone="part"`; no
+#     palette colour, no attribute): a wing looks like a wing whatever its colour, as on real
+#     images, while its colour and pattern are still on 15% of it.
 WORLDS = {
     "v1": dict(image_size=48, stand_in_name="demo_stand_in_world{seed}",
                options={"scale_range": (0.55, 0.7)}),
@@ -71,6 +77,11 @@ WORLDS = {
                # The stand-in's first third of its pretraining steps on the same world with every
                # pixel of a part showing its attributes: pretrained on v2 alone its loss stays on
                # the constant predictor's plateau (docs/experiments.md, "The world").
+               warmup={"share": 1 / 3, "world": {"evidence_fraction": 1.0}}),
+    "v3": dict(image_size=64, stand_in_name="demo_stand_in_v3_world{seed}",
+               options={"scale_range": (0.5, 0.65), "max_rotation": 180.0,
+                        "min_translation": 0.18, "evidence_fraction": 0.15,
+                        "plain_tone": "part"},
                warmup={"share": 1 / 3, "world": {"evidence_fraction": 1.0}}),
 }
 WORLD = "v1"

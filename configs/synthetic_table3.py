@@ -29,7 +29,7 @@ optimizer with its square-root scaled rates. Scored on `test`; every choice belo
     (val NMI 35.3 at 1,000 steps). The choice goes by single-stage's val NMI; it does not
     favour two-stage: on val, without the priors, STE's NMI is below single-stage's (25.0).
 
-arg: `small` (a tiny world, 2 run seeds, seconds of training: the test), `world=v1|v2`
+arg: `small` (a tiny world, 2 run seeds, seconds of training: the test), `world=v1|v2|v3`
 (configs/demo.py's WORLDS), `paper_stage2_rate`,
 `priors=paper|off`, `split=val|test` (the evaluation split; val for counterfactuals).
 """
