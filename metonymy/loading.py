@@ -25,7 +25,6 @@ from metonymy.models import two_stage
 from metonymy.models import vit
 from metonymy.workdir import Workdir
 from metonymy.workdir import checkpoints as workdir_checkpoints
-from metonymy.workdir import layout as workdir_layout
 
 # config.model.name -> the module whose `build(config, backbone, num_attributes)` makes it.
 MODELS = {"stage1": stage1, "two_stage": two_stage}
@@ -98,7 +97,7 @@ def load_trained_part_model(workdir, step: Optional[int] = None
   backbone = dict(meta["backbone"])
   # A sub-run records its backbone relative to its workdir ("workdir:../backbone"); an older
   # record is an absolute path, which resolve_path keeps.
-  backbone["checkpoint"] = workdir_layout.resolve_path(backbone["checkpoint"], files.path)
+  backbone["checkpoint"] = files.resolve(backbone["checkpoint"])
   if not backbone["checkpoint"]:
     if not files.backbone.is_dir():
       raise FileNotFoundError(f"{files.path} trained on a random-init backbone but "

@@ -12,9 +12,8 @@ from metonymy.workdir import Workdir
 from metonymy.workdir import layout
 
 
-def write_story(workdir: str, config, results: Dict) -> List[str]:
+def write_story(files: Workdir, results: Dict) -> List[str]:
   """DIR/results.json and DIR/report.md; returns their paths."""
-  files = Workdir(workdir)
   path_json = os.fspath(layout.write_json(files.results_file, probe_report.sanitize(results)))
   b = results["benchmark"]
   tables = text.results_tables(results)
@@ -47,21 +46,19 @@ def write_story(workdir: str, config, results: Dict) -> List[str]:
               "parts and on the maps Stage 1 found: when the truth costs more than the found "
               "maps, the priors pull Stage 1 away from the real parts.", "",
               tables[6], ""]
-  lines += ["## Figures", ""] + _figures(workdir)
+  lines += ["## Figures", ""] + _figures(files)
   lines += ["## Timing", "",
             probe_report.markdown_table(["step", "seconds"],
                        [[k, f"{v:.0f}"] for k, v in results["seconds"].items()]),
             ""]
-  path_md = os.fspath(files.report_file)
-  with open(path_md, "w") as f:
-    f.write("\n".join(lines) + "\n")
+  path_md = os.fspath(layout.write_text(files.report_file, "\n".join(lines) + "\n"))
   return [path_json, path_md]
 
 
-def _figures(workdir: str) -> List[str]:
-  """Markdown image lines for the PNGs the sub-jobs wrote (paths relative to workdir)."""
+def _figures(files: Workdir) -> List[str]:
+  """Markdown image lines for the PNGs the sub-jobs wrote (paths relative to the workdir)."""
   lines = []
-  bench = os.fspath(Workdir(workdir).sub(subjobs.BENCHMARK_DIR).path)
+  workdir, bench = files.path, files.sub(subjobs.BENCHMARK_DIR).path
   for pattern, caption in (("table1.png", "PS and causal leakage"),
                            ("map_matrices_*.png",
                             "attribute mAP per part (rows) and group, late vs early"),
@@ -70,7 +67,7 @@ def _figures(workdir: str) -> List[str]:
     for path in sorted(glob.glob(os.path.join(bench, pattern))):
       lines += [f"![{caption}]({os.path.relpath(path, workdir)})", ""]
   for key, sub in subjobs.TRAIN_DIRS.items():
-    images = Workdir(workdir).sub(sub).images
+    images = files.sub(sub).images
     found = sorted(glob.glob(os.path.join(images, "eval_part_maps_*.png")))
     if found:
       lines += [f"Discovered part maps, {key.replace('_', '-')} (rows: the images, the argmax "

@@ -29,24 +29,22 @@ from metonymy.demo import stand_in
 from metonymy.demo import subjobs
 from metonymy.demo import text
 from metonymy.workdir import Workdir
-from metonymy.workdir import layout
 
 
-def run_story(config, workdir: str) -> Dict:
+def run_story(config, workdir) -> Dict:
   load_at_start = machine_load.load_average()  # Was the machine shared? Said in the block.
   steps = progress.Steps(4)
   world = config.world
-  os.makedirs(workdir, exist_ok=True)
+  files = Workdir(workdir).make()
   console.console(f"[demo] the synthetic parts world at {world.image_size} px, cross-part "
                   f"correlation {world.correlation:g}, splits {dict(world.splits)}; outputs in "
-                  f"{workdir}")
+                  f"{files}")
 
   steps.begin("pretrain", "pretraining the stand-in for DINO")
-  backbone, stand_in_record = stand_in.pretrained_backbone(config, workdir, world)
+  backbone, stand_in_record = stand_in.pretrained_backbone(config, files, world)
 
   steps.begin("benchmark", "leakage benchmark: ground-truth part masks, late vs early masking")
-  bench = subjobs.run_benchmark(config, backbone, Workdir(workdir).sub(subjobs.BENCHMARK_DIR).path,
-                                world, root=workdir)
+  bench = subjobs.run_benchmark(config, backbone, files.sub(subjobs.BENCHMARK_DIR), world)
 
   steps.begin("part_discovery", "part discovery: single-stage, then two-stage STE")
   trained = {}
@@ -54,21 +52,20 @@ def run_story(config, workdir: str) -> Dict:
     console.console(f"[demo] training {key} ({sub.model.name}"
                     f"{', ' + sub.model.stage2.mask if 'stage2' in sub.model else ''}) for "
                     f"{sub.trainer.num_steps} steps at batch {sub.data.batch_size}")
-    trained[key] = subjobs.run_training(sub, backbone,
-                                        Workdir(workdir).sub(subjobs.TRAIN_DIRS[key]).path, world,
-                                        config.seed, root=workdir)
+    trained[key] = subjobs.run_training(sub, backbone, files.sub(subjobs.TRAIN_DIRS[key]), world,
+                                        config.seed)
 
   steps.begin("report", "writing report.md and results.json")
   chance = references.chance_map(subjobs.with_world(config.single, world).data)
-  priors = references.prior_costs(config, backbone, workdir, world)
+  priors = references.prior_costs(config, backbone, files, world)
   seconds = steps.finish()
-  results = story_results(config, layout.record_path(backbone, workdir, workdir), stand_in_record,
-                          bench, trained, seconds)
+  results = story_results(config, files.record(backbone), stand_in_record, bench, trained,
+                          seconds)
   results["machine"].update(machine_load.at_end(load_at_start))
   results["part_discovery"]["chance_mAP"] = chance
   results["part_discovery"]["priors"] = priors
   results["summary"]["map_chance"] = chance
-  written = report.write_story(workdir, config, results)
+  written = report.write_story(files, results)
   if config.readme:
     if int(world.seed) == 0:  # The headline block is the default world's.
       readme.write_results(config.readme, results)

@@ -16,17 +16,17 @@ from metonymy.demo import subjobs
 from metonymy.table3 import report
 from metonymy.table3 import runs
 from metonymy.table3 import stats
-from metonymy.workdir import layout
+from metonymy.workdir import Workdir
 
 
-def run(config, workdir: str) -> Dict:
+def run(config, workdir) -> Dict:
   start = time.perf_counter()
   load_at_start = machine_load.load_average()  # Was the machine shared? Said in the block.
-  os.makedirs(workdir, exist_ok=True)
+  files = Workdir(workdir).make()
   world = config.world
   for variant in config.variants:
     runs.training_config(config, variant)  # An unknown variant fails before any training.
-  backbone, record = stand_in.pretrained_backbone(config, workdir, world)
+  backbone, record = stand_in.pretrained_backbone(config, files, world)
   total = len(config.seeds) * len(config.variants)
   rows, dirs = [], {}
   for seed in config.seeds:  # Seed-major: an early stop still leaves complete pairs.
@@ -35,8 +35,8 @@ def run(config, workdir: str) -> Dict:
       eta = ((time.perf_counter() - start) / done * (total - done)) if done else None
       console.console(f"[table3] ({done + 1}/{total}) {variant}, run seed {seed}, world seed "
                       f"{int(world.seed)}" + (f"; ETA {eta / 60:.0f} min" if eta else ""))
-      train_dir = runs.train(config, variant, seed, backbone, workdir)
-      probe = runs.benchmark(config, variant, seed, backbone, train_dir, workdir)
+      train_dir = runs.train(config, variant, seed, backbone, files)
+      probe = runs.benchmark(config, variant, seed, backbone, train_dir, files)
       rows.append(runs.row(variant, seed, world.seed, train_dir, probe))
       dirs[(variant, int(seed))] = train_dir
       console.console(report.row_line(rows[-1]))
@@ -49,7 +49,7 @@ def run(config, workdir: str) -> Dict:
       "world": world.to_dict(),
       "world_seed": int(world.seed),
       "seeds": [int(s) for s in config.seeds],
-      "backbone": {"path": layout.record_path(backbone, workdir, workdir), "source": (record or {}).get("source"),
+      "backbone": {"path": files.record(backbone), "source": (record or {}).get("source"),
                    "quality_val": (record or {}).get("quality_val")},
       "protocol": report.protocol(config, training),
       "chance_mAP": references.chance_map(eval_data),
@@ -64,7 +64,7 @@ def run(config, workdir: str) -> Dict:
                   **machine_load.at_end(load_at_start)},
       "date": datetime.datetime.now().isoformat(timespec="seconds"),
   }
-  written = report.write(config, workdir, results, dirs)
+  written = report.write(config, files, results, dirs)
   console.console(f"[table3] done in {results['seconds'] / 60:.1f} min; wrote "
                   + ", ".join(written))
   for line in report.summary_lines(results):

@@ -385,18 +385,12 @@ def part_map_figure(path: str, config, dirs: Dict[Tuple[str, int], str], seed: i
   return True
 
 
-def write(config, workdir: str, results: Dict, dirs) -> List[str]:
-  written = []
-  files = Workdir(workdir)
-  path = os.fspath(layout.write_json(files.results_file, probe_report.sanitize(results)))
-  written.append(path)
+def write(config, files: Workdir, results: Dict, dirs) -> List[str]:
+  written = [os.fspath(layout.write_json(files.results_file, probe_report.sanitize(results)))]
   if part_map_figure(os.fspath(files.output(FIGURE)), config, dirs, int(config.seeds[0]),
                      int(config.figure_images)):
     written.append(os.fspath(files.output(FIGURE)))
-  path = os.fspath(files.report_file)
-  with open(path, "w") as f:
-    f.write(markdown(results))
-  written.append(path)
+  written.append(os.fspath(layout.write_text(files.report_file, markdown(results))))
   if config.readme:
     readme_blocks.write_block(config.readme, README_BLOCK, readme_block(results))
     written.append(config.readme)
