@@ -10,9 +10,9 @@ import os
 import pytest
 
 from metonymy import config_lib
-from metonymy.demo import references
-from metonymy.demo import stand_in
-from metonymy.demo import subjobs
+from metonymy.runs import references
+from metonymy.runs import stand_in
+from metonymy.runs import subjobs
 from metonymy.workdir import Workdir
 
 CONFIG_FILE = os.path.join(os.path.dirname(__file__), "..", "configs", "demo.py")

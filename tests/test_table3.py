@@ -13,7 +13,7 @@ from scipy import stats as scipy_stats
 from metonymy import config_lib
 from metonymy import readme_blocks
 from metonymy import table3
-from metonymy.demo import subjobs
+from metonymy.runs import subjobs
 from metonymy.table3 import report
 from metonymy.table3 import runs
 from metonymy.table3 import stats

@@ -145,7 +145,7 @@ MUTANTS: Sequence[Mutant] = (
              "    rng1, rng2 = jax.random.split(rng)\n"),),
            ("tests/test_two_stage.py::test_both_arms_start_stage1_from_the_same_parameters",),
            "the two-stage model starts Stage 1 from another key than the single-stage model"),
-    Mutant("demo_run_seed_dropped", "metonymy/demo/subjobs.py",
+    Mutant("demo_run_seed_dropped", "metonymy/runs/subjobs.py",
            (("  sub.seed = int(seed)\n", ""),),
            ("tests/test_demo.py::test_tiny_demo_seeds_every_sub_job_with_the_run_seed",),
            "the demo's sub-jobs keep their config's seed 0 whatever the run seed", slow=True),

@@ -5,9 +5,10 @@ import glob
 import os
 from typing import Dict, List
 
-from metonymy.demo import subjobs
-from metonymy.demo import text
+from metonymy.demo import tables
 from metonymy.probe import report as probe_report
+from metonymy.runs import subjobs
+from metonymy.runs import text
 from metonymy.workdir import Workdir
 from metonymy.workdir import layout
 
@@ -16,9 +17,9 @@ def write_story(files: Workdir, results: Dict) -> List[str]:
   """DIR/results.json and DIR/report.md; returns their paths."""
   path_json = os.fspath(layout.write_json(files.results_file, probe_report.sanitize(results)))
   b = results["benchmark"]
-  tables = text.results_tables(results)
+  tables = tables.results_tables(results)
   lines = ["# metonymy demo: intra-object leakage on the synthetic parts world", "",
-           text.describe(results), "",
+           tables.describe(results), "",
            "## 1. Leakage of the pretrained backbone (late vs early masking)", "",
            "PS = how much better a part's feature predicts its own part's attributes than the "
            "other parts' (paper eq. 1); MPPO = how often the most predictive part of an attribute "
@@ -38,7 +39,7 @@ def write_story(files: Workdir, results: Dict) -> List[str]:
             "Single-stage: Stage 1 on the frozen backbone. Two-stage STE: Stage 1's maps drive "
             "Stage 2's isolated part streams (hard forward, soft backward); its Stage 2 head sees "
             "each part's pixels only.", "",
-            tables[2], ""] + [w + "\n" for w in text.collapse_warnings(results)]
+            tables[2], ""] + [w + "\n" for w in tables.collapse_warnings(results)]
   lines += ["## The stand-in backbone", "", tables[4], ""]
   if results["part_discovery"].get("priors"):
     lines += ["## What the part-shaping priors charge", "",

@@ -21,14 +21,16 @@ import jax
 
 from metonymy import console
 from metonymy import machine_load
+from metonymy.checkpoints import store
 from metonymy.demo import progress
 from metonymy.demo import readme
-from metonymy.demo import references
 from metonymy.demo import report
-from metonymy.demo import stand_in
-from metonymy.demo import subjobs
-from metonymy.demo import text
+from metonymy.demo import tables
+from metonymy.runs import references
+from metonymy.runs import stand_in
+from metonymy.runs import subjobs
 from metonymy.workdir import Workdir
+from metonymy.workdir import layout
 
 
 def run_story(config, workdir) -> Dict:
@@ -57,7 +59,7 @@ def run_story(config, workdir) -> Dict:
 
   steps.begin("report", "writing report.md and results.json")
   chance = references.chance_map(subjobs.with_world(config.single, world).data)
-  priors = references.prior_costs(config, backbone, files, world)
+  priors = prior_costs(config, backbone, files, world)
   seconds = steps.finish()
   results = story_results(config, files.record(backbone), stand_in_record, bench, trained,
                           seconds)
@@ -72,10 +74,28 @@ def run_story(config, workdir) -> Dict:
     readme.write_seed_row(config.readme, results)
     written.append(config.readme)
   console.console(f"[demo] done in {seconds['total']:.0f} s; wrote " + ", ".join(written))
-  console.console(text.summary_line(results))
-  for line in text.collapse_warnings(results):
+  console.console(tables.summary_line(results))
+  for line in tables.collapse_warnings(results):
     console.console(f"[demo] WARNING: {line}")
   return results
+
+
+def prior_costs(config, backbone: str, files: Workdir, world) -> Optional[Dict[str, Dict]]:
+  """{"truth" | "single" | "two_stage_ste": {prior: value}}: the map priors of the ground truth
+  on the backbone's patch grid, and of each trained model's last training batch. None when the
+  backbone's patch size is unknown (not a converted ViT folder)."""
+  try:
+    arch = layout.read_json(os.path.join(backbone, store.ARCH_FILE))
+    patch_size = int(arch["vit_config"]["patch_size"])
+  except (OSError, KeyError, ValueError):
+    return None
+  costs = {"truth": references.priors_of_the_truth(
+      subjobs.with_world(config.single, world).data, patch_size)}
+  for key, directory in subjobs.TRAIN_DIRS.items():
+    trained = subjobs.last_train_losses(files.sub(directory))
+    costs["single" if key == "single" else "two_stage_ste"] = {
+        name: trained.get(name) for name in references.MAP_PRIORS}
+  return costs
 
 
 def story_results(config, backbone: str, stand_in_record: Optional[Dict], bench: Dict,

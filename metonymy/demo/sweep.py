@@ -15,10 +15,10 @@ import ml_collections
 from metonymy import console
 from metonymy.demo import plots
 from metonymy.demo import progress
-from metonymy.demo import stand_in
-from metonymy.demo import subjobs
-from metonymy.demo import text
 from metonymy.probe import report as probe_report
+from metonymy.runs import stand_in
+from metonymy.runs import subjobs
+from metonymy.runs import text
 from metonymy.workdir import Workdir
 from metonymy.workdir import layout
 

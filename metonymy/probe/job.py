@@ -41,7 +41,7 @@ def _default_name(backbone_cfg) -> str:
   return f"{backbone_cfg.preset}-random"
 
 
-def run(config, workdir: str) -> Dict:
+def run(config, workdir) -> Dict:
   start = time.perf_counter()
   cache_root = config.features.cache_dir or os.fspath(Workdir(workdir).feature_cache)
   suite = "backbones" in config

@@ -1,5 +1,6 @@
 """run(config, workdir): the stand-in, then every (run seed, variant) trained and benchmarked,
-then results.json, report.md, the figure and README's block (report.py). A rerun on the same
+then the figure's part maps (part_maps.py), then results.json, report.md, the figure and README's
+block (report.py, which formats what this computed). A rerun on the same
 workdir skips the runs that finished (the train job resumes, a written probe is read back)."""
 
 import datetime
@@ -10,9 +11,10 @@ from typing import Dict
 
 from metonymy import console
 from metonymy import machine_load
-from metonymy.demo import references
-from metonymy.demo import stand_in
-from metonymy.demo import subjobs
+from metonymy.runs import references
+from metonymy.runs import stand_in
+from metonymy.runs import subjobs
+from metonymy.table3 import part_maps
 from metonymy.table3 import report
 from metonymy.table3 import runs
 from metonymy.table3 import stats
@@ -51,7 +53,7 @@ def run(config, workdir) -> Dict:
       "seeds": [int(s) for s in config.seeds],
       "backbone": {"path": files.record(backbone), "source": (record or {}).get("source"),
                    "quality_val": (record or {}).get("quality_val")},
-      "protocol": report.protocol(config, training),
+      "protocol": runs.protocol(config, training),
       "chance_mAP": references.chance_map(eval_data),
       "true_parts": true_parts,
       "rows": rows,
@@ -64,7 +66,8 @@ def run(config, workdir) -> Dict:
                   **machine_load.at_end(load_at_start)},
       "date": datetime.datetime.now().isoformat(timespec="seconds"),
   }
-  written = report.write(config, files, results, dirs)
+  maps = part_maps.compute(config, dirs, int(config.seeds[0]), int(config.figure_images))
+  written = report.write(files, results, maps, config.readme)
   console.console(f"[table3] done in {results['seconds'] / 60:.1f} min; wrote "
                   + ", ".join(written))
   for line in report.summary_lines(results):

@@ -7,7 +7,9 @@ from typing import Dict, Optional
 import ml_collections
 
 from metonymy import config_lib
-from metonymy.demo import subjobs
+from metonymy.data import pipeline
+from metonymy.runs import subjobs
+from metonymy.training import optimizer
 from metonymy.workdir import Workdir
 from metonymy.workdir import layout
 
@@ -29,6 +31,26 @@ def training_config(config, variant: str) -> ml_collections.ConfigDict:
                      f"{sorted(TWO_STAGE)}")
   mask, hard_gradient = TWO_STAGE[variant]
   return config_lib.two_stage(config.single, mask=mask, hard_gradient=hard_gradient)
+
+
+def protocol(config, training) -> Dict:
+  """The training protocol every variant shares, as run: epochs of the train split, steps, batch,
+  the learning rates at that batch, the priors' weights, the evaluation split."""
+  data = training.data
+  examples = int(data.train_examples) or int(dict(data.options.splits)["train"])
+  per_epoch = pipeline.num_batches(examples, int(data.batch_size), train=True, shard_count=1)
+  steps = int(training.trainer.num_steps) or int(training.trainer.num_epochs) * per_epoch
+  opt = training.optimizer
+  rates = {g: optimizer.scaled_rate(float(lr), int(data.batch_size), int(opt.base_batch_size),
+                                    opt.lr_scaling)
+           for g, lr in opt.learning_rates.items()}
+  return {"epochs": int(training.trainer.num_epochs) if not training.trainer.num_steps else None,
+          "train_examples": examples, "batch_size": int(data.batch_size),
+          "steps_per_epoch": per_epoch, "steps": steps, "base_learning_rates":
+          dict(opt.learning_rates), "learning_rates": rates, "schedule": opt.schedule,
+          "loss_weights": dict(training.loss.weights), "eval_split": data.eval_split,
+          "eval_examples": int(data.eval_examples), "image_size": int(data.image_size),
+          "term_gradient_batches": int(training.trainer.get("term_gradient_batches", 0))}
 
 
 def run_dir(workdir: Workdir, variant: str, seed: int) -> Workdir:

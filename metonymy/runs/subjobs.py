@@ -1,6 +1,7 @@
-"""The jobs the demo drives (the probe job for the leakage benchmark, the train job for part
-discovery), each given the demo's world as its dataset options, and the readers of what a train
-job logs. The sub-jobs are the real ones, run on sub-configs, so the demo measures exactly what
+"""The jobs the demo and the Table-3 job drive (the probe job for the leakage benchmark, the train
+job for part discovery), each given the world as its dataset options and launched as a sub-run
+(launcher.launch on a `Workdir.sub` handle), and the readers of what a train job logs. The
+sub-jobs are the real ones, run on sub-configs, so the demo and Table 3 measure exactly what
 `python -m metonymy.main` would."""
 
 from typing import Dict, List
@@ -10,7 +11,7 @@ import ml_collections
 from metonymy import launcher
 from metonymy.workdir import Workdir
 
-# Where each sub-job writes, under the demo's workdir.
+# Where each of the demo's sub-jobs writes, under its workdir.
 BENCHMARK_DIR = "benchmark"
 TRAIN_DIRS = {"single": "single", "two_stage": "two_stage_ste"}
 
