@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from metonymy import checkpoints
+from metonymy import converters
 from metonymy import trained_part_model
 from metonymy.models import part_model
 from metonymy.models import sam_encoder
@@ -54,7 +54,7 @@ def _load_backbone(config: ml_collections.ConfigDict, seed: int):
     model = vit.VisionTransformer(masks.model.stage2.backbone)
     return model, masks.params["stage2"]["backbone"], model.config
   if config.checkpoint:
-    model, params = checkpoints.load_backbone(config.checkpoint, family=config.family or None,
+    model, params = converters.load_backbone(config.checkpoint, family=config.family or None,
                                               image_size=config.image_size or None)
     return model, params, model.config
   if config.preset.startswith("sam_"):

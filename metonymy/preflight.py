@@ -55,7 +55,7 @@ def problems(config, workdir) -> List[str]:
   for key, path in _checkpoints(config):
     if not as_path(files.resolve(path)).exists():
       found.append(f"config.{key}={path!r} does not exist (convert a checkpoint with "
-                   f"`python -m metonymy.checkpoints convert --input FILE --output DIR`, or "
+                   f"`python -m metonymy.converters convert --input FILE --output DIR`, or "
                    f"set it to '' for a random-init backbone)")
   data_config = config.get("data")
   if data_config is not None and data_config.get("dataset", "synthetic") != "synthetic":

@@ -11,7 +11,7 @@ import pytest
 
 from metonymy import config_lib
 from metonymy import loading
-from metonymy.checkpoints.io import CheckpointError
+from metonymy.converters.io import CheckpointError
 from metonymy.models import vit
 from metonymy.probe import pretrain
 from metonymy.runs import stand_in

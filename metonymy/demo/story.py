@@ -21,7 +21,7 @@ import jax
 
 from metonymy import console
 from metonymy import machine_load
-from metonymy.checkpoints import store
+from metonymy.converters import store
 from metonymy.demo import progress
 from metonymy.demo import readme
 from metonymy.demo import report

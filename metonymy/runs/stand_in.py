@@ -13,7 +13,7 @@ import ml_collections
 
 from metonymy import console
 from metonymy import loading
-from metonymy.checkpoints import store
+from metonymy.converters import store
 from metonymy.models import vit
 from metonymy.probe import benchmark
 from metonymy.probe import job as probe_job

@@ -48,7 +48,7 @@ from jax.experimental import multihost_utils
 
 from metonymy import console
 from metonymy import loading
-from metonymy.checkpoints import store
+from metonymy.converters import store
 from metonymy.data import pipeline
 from metonymy.models import part_model
 from metonymy.training import evaluate
