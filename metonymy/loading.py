@@ -24,7 +24,7 @@ from metonymy.models import stage1
 from metonymy.models import two_stage
 from metonymy.models import vit
 from metonymy.workdir import Workdir
-from metonymy.workdir import checkpoints as workdir_checkpoints
+from metonymy.workdir import trained_params
 
 # config.model.name -> the module whose `build(config, backbone, num_attributes)` makes it.
 MODELS = {"stage1": stage1, "two_stage": two_stage}
@@ -108,6 +108,6 @@ def load_trained_part_model(workdir, step: Optional[int] = None
   model, frozen = build_model(config, meta["num_attributes"])
   images = jnp.zeros((1, meta["image_size"], meta["image_size"], 3), jnp.float32)
   abstract = jax.eval_shape(model.init, jax.random.PRNGKey(0), images, frozen)
-  params, restored_step = workdir_checkpoints.restore_params(files.path, abstract, step)
+  params, restored_step = trained_params.restore_params(files.path, abstract, step)
   return trained_part_model.TrainedPartModel(model, params, frozen,
                                              dict(meta, step=restored_step))
