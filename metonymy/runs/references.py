@@ -29,8 +29,8 @@ def priors_of_the_truth(data_cfg, patch_size: int) -> Dict[str, float]:
   on the patch grid (plurality per patch) as one-hot maps [B, K+1, h, w] (background last), for
   the first `eval_examples` of `data_cfg.eval_split`, scored in batches of the training batch size
   (the presence priors take a max over the batch) and averaged. A diagnostic only: compared with
-  the trained maps' values (a train run's `loss/<term>` records), it says whether the priors, at this
-  patch grid, prefer the true parts to what Stage 1 found."""
+  the trained maps' values (a train run's `loss/<term>` records), it says whether the priors, at
+  this patch grid, prefer the true parts to what Stage 1 found."""
   source, count = evaluated_examples(data_cfg)
   num_parts = len(source.info.part_names)
   labels = masks.segmentation_part_labels(

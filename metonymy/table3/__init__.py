@@ -2,7 +2,7 @@
 hard, STE and soft part discovery on one synthetic world, where the true parts are known.
 
   job        the stand-in, every run, the numbers and the figure's inputs, then the report
-  runs       one variant at one run seed: its training config, the train job, the probe job on
+  variants   one variant at one run seed: its training config, the train job, the probe job on
              its discovered parts (PS, MPPO), and its row read back from the sub-runs' files
   stats      means and sds per variant; two-stage minus single-stage paired by seed, with 95%
              t intervals

@@ -16,8 +16,8 @@ from metonymy.runs import stand_in
 from metonymy.runs import subjobs
 from metonymy.table3 import part_maps
 from metonymy.table3 import report
-from metonymy.table3 import runs
 from metonymy.table3 import stats
+from metonymy.table3 import variants
 from metonymy.workdir import Workdir
 
 
@@ -27,7 +27,7 @@ def run(config, workdir) -> Dict:
   files = Workdir(workdir).make()
   world = config.world
   for variant in config.variants:
-    runs.training_config(config, variant)  # An unknown variant fails before any training.
+    variants.training_config(config, variant)  # An unknown variant fails before any training.
   backbone, record = stand_in.pretrained_backbone(config, files, world)
   total = len(config.seeds) * len(config.variants)
   rows, dirs = [], {}
@@ -37,12 +37,12 @@ def run(config, workdir) -> Dict:
       eta = ((time.perf_counter() - start) / done * (total - done)) if done else None
       console.console(f"[table3] ({done + 1}/{total}) {variant}, run seed {seed}, world seed "
                       f"{int(world.seed)}" + (f"; ETA {eta / 60:.0f} min" if eta else ""))
-      train_dir = runs.train(config, variant, seed, backbone, files)
-      probe = runs.benchmark(config, variant, seed, backbone, train_dir, files)
-      rows.append(runs.row(variant, seed, world.seed, train_dir, probe))
+      train_dir = variants.train(config, variant, seed, backbone, files)
+      probe = variants.benchmark(config, variant, seed, backbone, train_dir, files)
+      rows.append(variants.row(variant, seed, world.seed, train_dir, probe))
       dirs[(variant, int(seed))] = train_dir
       console.console(report.row_line(rows[-1]))
-  training = runs.training_config(config, config.variants[0])
+  training = variants.training_config(config, config.variants[0])
   eval_data = subjobs.with_world(training, world).data
   true_parts = list(references.evaluated_examples(eval_data)[0].info.part_names)
   coverage = stats.coverage_metrics(len(true_parts)) if any("coverage" in r for r in rows) else ()
@@ -53,7 +53,7 @@ def run(config, workdir) -> Dict:
       "seeds": [int(s) for s in config.seeds],
       "backbone": {"path": files.record(backbone), "source": (record or {}).get("source"),
                    "quality_val": (record or {}).get("quality_val")},
-      "protocol": runs.protocol(config, training),
+      "protocol": variants.protocol(config, training),
       "chance_mAP": references.chance_map(eval_data),
       "true_parts": true_parts,
       "rows": rows,

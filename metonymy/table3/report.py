@@ -1,6 +1,6 @@
 """What the Table-3 job writes: results.json, report.md, fig4_part_maps.png and README's
 "table3:results" block. It formats what the job computed: every number comes from the rows the
-runs wrote (runs.row), the figure from the arrays of part_maps.compute."""
+runs wrote (variants.row), the figure from the arrays of part_maps.compute."""
 
 import math
 import os
