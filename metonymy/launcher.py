@@ -53,8 +53,8 @@ class NotStarted(RuntimeError):
   is one or more sentences, each worth an `error:` line."""
 
 
-def check(config) -> None:
-  """Step 1 without the process count: a known job, and sizes and rates in range."""
+def _check(config) -> None:
+  """Step 1 but the process count: a known job, and sizes and rates in range."""
   if "job" not in config:
     raise NotStarted(f"The config has no `job` field; known jobs: {sorted(JOBS)}.")
   if config.job not in JOBS:
@@ -83,7 +83,7 @@ def launch(config, workdir, cluster: Optional[Dict[str, Any]] = None) -> Any:
   cluster: distributed.initialize's arguments (main's --coordinator_address etc.) for a top run;
     a sub-run runs in its parent's processes.
   """
-  check(config)
+  _check(config)
   if workdir is None:
     workdir = DEFAULT_WORKDIRS.get(config.job)
     if workdir is None:
