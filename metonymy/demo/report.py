@@ -17,7 +17,7 @@ def write_story(files: Workdir, results: Dict) -> List[str]:
   """DIR/results.json and DIR/report.md; returns their paths."""
   path_json = os.fspath(layout.write_json(files.results_file, probe_report.sanitize(results)))
   b = results["benchmark"]
-  tables = tables.results_tables(results)
+  shown = tables.results_tables(results)
   lines = ["# metonymy demo: intra-object leakage on the synthetic parts world", "",
            tables.describe(results), "",
            "## 1. Leakage of the pretrained backbone (late vs early masking)", "",
@@ -26,7 +26,7 @@ def write_story(files: Workdir, results: Dict) -> List[str]:
            "is its own (eq. 2). Causal leakage = relative change of part k's feature when "
            "every pixel outside part k is replaced by another image's. At correlation 0 any "
            "cross-part predictability is leakage.", "",
-           tables[0], ""]
+           shown[0], ""]
   parts, groups = b.get("part_names"), b.get("groups")
   for m in ("late", "early"):
     matrix = b.get(f"map_matrix_{m}")
@@ -39,14 +39,14 @@ def write_story(files: Workdir, results: Dict) -> List[str]:
             "Single-stage: Stage 1 on the frozen backbone. Two-stage STE: Stage 1's maps drive "
             "Stage 2's isolated part streams (hard forward, soft backward); its Stage 2 head sees "
             "each part's pixels only.", "",
-            tables[2], ""] + [w + "\n" for w in tables.collapse_warnings(results)]
-  lines += ["## The stand-in backbone", "", tables[4], ""]
+            shown[2], ""] + [w + "\n" for w in tables.collapse_warnings(results)]
+  lines += ["## The stand-in backbone", "", shown[4], ""]
   if results["part_discovery"].get("priors"):
     lines += ["## What the part-shaping priors charge", "",
               "The priors Stage 1 is trained with (PDiscoFormer's, at its weights), on the true "
               "parts and on the maps Stage 1 found: when the truth costs more than the found "
               "maps, the priors pull Stage 1 away from the real parts.", "",
-              tables[6], ""]
+              shown[6], ""]
   lines += ["## Figures", ""] + _figures(files)
   lines += ["## Timing", "",
             probe_report.markdown_table(["step", "seconds"],
