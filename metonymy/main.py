@@ -1,11 +1,11 @@
 """The entry point: `python -m metonymy.main --config=configs/<name>.py[:arg] --workdir=DIR`,
 then any number of `--config.a.b=v` overrides.
 
-The config's `job` field names what to run (launcher.JOBS: each job is a module with
-`run(config, workdir)`); launcher.launch checks the config, its inputs and the workdir, then runs
-it.
-Configs are locked: an override of a key that does not exist fails and names the key.
-`--print_config` prints the resolved config (overrides applied) and exits without running.
+main parses the flags and hands the config to launcher.launch, which checks it, its inputs and
+the workdir, then runs the job its `job` field names (launcher.JOBS: each job is a module with
+`run(config, workdir)`). Configs are locked: an override of a key that does not exist fails
+and names the key. `--print_config` prints the resolved config (overrides applied) and exits
+without running.
 """
 
 import sys
