@@ -98,7 +98,7 @@ def backbone(preset: str = "vit_b16", checkpoint: str = "", image_size: int = 0,
              family: str = "") -> ml_collections.ConfigDict:
   """Which backbone to build: a converted/PyTorch checkpoint, or a random-init preset.
 
-  checkpoint: a converted folder (python -m metonymy.checkpoints convert) or a PyTorch /
+  checkpoint: a converted folder (python -m metonymy.converters convert) or a PyTorch /
     safetensors / Hugging Face checkpoint; empty means random weights of `preset`. A two-stage
     training workdir gives its trained Stage-2 ViT (so the leakage benchmark, with
     `masks.source="stage1"` on the same workdir, reads Stage 2's isolated part features).

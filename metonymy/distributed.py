@@ -57,8 +57,11 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
                process_id: Optional[int] = None) -> bool:
   """Starts JAX's distributed runtime if this is one process of many; returns whether it did.
 
-  Must run before any computation touches a JAX backend.
+  Must run before any computation touches a JAX backend; a second call (a second run started in
+  the same process) finds the runtime started and leaves it.
   """
+  if jax.distributed.is_initialized():
+    return True
   env = os.environ
   coordinator_address = coordinator_address or env.get("METONYMY_COORDINATOR")
   if num_processes is None and "METONYMY_NUM_PROCESSES" in env:

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from metonymy import checkpoints
+from metonymy import converters
 from metonymy import trained_part_model
 from metonymy.models import part_model
 from metonymy.models import sam_encoder
@@ -24,8 +24,7 @@ from metonymy.models import stage1
 from metonymy.models import two_stage
 from metonymy.models import vit
 from metonymy.workdir import Workdir
-from metonymy.workdir import checkpoints as workdir_checkpoints
-from metonymy.workdir import layout as workdir_layout
+from metonymy.workdir import trained_params
 
 # config.model.name -> the module whose `build(config, backbone, num_attributes)` makes it.
 MODELS = {"stage1": stage1, "two_stage": two_stage}
@@ -55,7 +54,7 @@ def _load_backbone(config: ml_collections.ConfigDict, seed: int):
     model = vit.VisionTransformer(masks.model.stage2.backbone)
     return model, masks.params["stage2"]["backbone"], model.config
   if config.checkpoint:
-    model, params = checkpoints.load_backbone(config.checkpoint, family=config.family or None,
+    model, params = converters.load_backbone(config.checkpoint, family=config.family or None,
                                               image_size=config.image_size or None)
     return model, params, model.config
   if config.preset.startswith("sam_"):
@@ -98,7 +97,7 @@ def load_trained_part_model(workdir, step: Optional[int] = None
   backbone = dict(meta["backbone"])
   # A sub-run records its backbone relative to its workdir ("workdir:../backbone"); an older
   # record is an absolute path, which resolve_path keeps.
-  backbone["checkpoint"] = workdir_layout.resolve_path(backbone["checkpoint"], files.path)
+  backbone["checkpoint"] = files.resolve(backbone["checkpoint"])
   if not backbone["checkpoint"]:
     if not files.backbone.is_dir():
       raise FileNotFoundError(f"{files.path} trained on a random-init backbone but "
@@ -109,6 +108,6 @@ def load_trained_part_model(workdir, step: Optional[int] = None
   model, frozen = build_model(config, meta["num_attributes"])
   images = jnp.zeros((1, meta["image_size"], meta["image_size"], 3), jnp.float32)
   abstract = jax.eval_shape(model.init, jax.random.PRNGKey(0), images, frozen)
-  params, restored_step = workdir_checkpoints.restore_params(files.path, abstract, step)
+  params, restored_step = trained_params.restore_params(files.path, abstract, step)
   return trained_part_model.TrainedPartModel(model, params, frozen,
                                              dict(meta, step=restored_step))

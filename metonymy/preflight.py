@@ -1,4 +1,4 @@
-"""What a run reads, checked before it writes anything (main.py, before the workdir's claim).
+"""What a run reads, checked before it writes anything (the launcher, before the claim).
 
 A missing dataset file or checkpoint found after the claim would leave a `config.json` that
 refuses the next run of another config on the same workdir, over a run that never started. So
@@ -11,7 +11,8 @@ naming the key and the path:
     (training) or data.train / val / test (probe)    names the first missing or malformed file)
   masks.path (masks.source "file" or "stage1")       exists, for every split it names
 
-Nothing here writes; opening a split reads its annotation files (the readers do the same again
+A path a sub-run records relative to its workdir ("workdir:../backbone", workdir/layout.py) is
+checked where it points from the workdir the run is given. Nothing here writes; opening a split reads its annotation files (the readers do the same again
 when the run starts, so a check costs seconds on CelebA's 200k lines, nothing on the others).
 """
 
@@ -22,6 +23,7 @@ from metonymy import data as data_lib
 from metonymy.workdir import Workdir
 from metonymy.workdir import as_path
 from metonymy.workdir import is_local
+from metonymy.workdir import layout
 
 
 class InputError(ValueError):
@@ -46,13 +48,14 @@ def _splits(data_config) -> List[str]:
   return list(dict.fromkeys(n for n in names if n))
 
 
-def problems(config) -> List[str]:
-  """Every missing input of `config`, one message each (empty: the run can start)."""
+def problems(config, workdir) -> List[str]:
+  """Every missing input of `config` run in `workdir`, one message each (empty: it can start)."""
+  files = Workdir(workdir)
   found = []
   for key, path in _checkpoints(config):
-    if not as_path(path).exists():
+    if not as_path(files.resolve(path)).exists():
       found.append(f"config.{key}={path!r} does not exist (convert a checkpoint with "
-                   f"`python -m metonymy.checkpoints convert --input FILE --output DIR`, or "
+                   f"`python -m metonymy.converters convert --input FILE --output DIR`, or "
                    f"set it to '' for a random-init backbone)")
   data_config = config.get("data")
   if data_config is not None and data_config.get("dataset", "synthetic") != "synthetic":
@@ -74,19 +77,19 @@ def problems(config) -> List[str]:
   if masks is not None and masks.get("source") in ("file", "stage1"):
     if not masks.get("path"):
       found.append(f"config.masks.path is empty: masks.source={masks.source!r} needs it")
-    elif masks.source == "stage1" and not Workdir(masks.path).is_training_workdir():
+    elif masks.source == "stage1" and not Workdir(files.resolve(masks.path)).is_training_workdir():
       found.append(f"config.masks.path={masks.path!r} is not a training workdir (it has no "
-                   f"{Workdir(masks.path).model_file.name})")
+                   f"{layout.MODEL_FILE})")
     elif masks.source == "file":
       for split in _splits(data_config) if data_config is not None else [""]:
-        path = masks.path.replace("{split}", split)
+        path = files.resolve(masks.path).replace("{split}", split)
         if not as_path(path).is_file():
           found.append(f"config.masks.path={masks.path!r}: {path} does not exist")
   return found
 
 
-def check(config) -> None:
+def check(config, workdir) -> None:
   """Raises InputError with every problem (one per line) when the run cannot start."""
-  found = problems(config)
+  found = problems(config, workdir)
   if found:
     raise InputError("\nerror: ".join(found))

@@ -181,7 +181,7 @@ def mechanism(model, params, vit_config, data_cfg, train, test, latents_train, l
 def _backbone(config, path: str):
   """(model, params, vit_config, description) or None."""
   from metonymy import loading
-  from metonymy.demo import stand_in
+  from metonymy.runs import stand_in
   from metonymy.models import vit
   from metonymy.probe import pretrain
   if path:
@@ -204,8 +204,8 @@ def check(config, *, backbone: str = "", split: str = "val", train_images: int =
           images: int = 500, seed: int = 0) -> Dict:
   """Every number of the module docstring, as a dict."""
   from metonymy.data import synthetic
-  from metonymy.demo import references
-  from metonymy.demo import subjobs
+  from metonymy.runs import references
+  from metonymy.runs import subjobs
   if split == "test":
     raise ValueError("--split=test: a world is checked on val; test is for results only.")
   world = synthetic.SyntheticConfig.from_options(**config.world.to_dict())

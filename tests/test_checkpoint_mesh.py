@@ -55,7 +55,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 from metonymy.training import trainer
 from metonymy.training import run_state, sharding
-from metonymy.workdir import checkpoints as workdir_checkpoints
+from metonymy.workdir import trained_params as workdir_checkpoints
 
 
 def mesh(data, fsdp):

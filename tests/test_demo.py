@@ -15,13 +15,13 @@ from metonymy import data as data_lib
 from metonymy import demo
 from metonymy import readme_blocks
 from metonymy.demo import readme
-from metonymy.demo import references
-from metonymy.demo import stand_in
-from metonymy.demo import subjobs
 from metonymy.demo import sweep
-from metonymy.demo import text
-from metonymy.probe import explore
+from metonymy.demo import tables
 from metonymy.models import vit
+from metonymy.probe import explore
+from metonymy.runs import references
+from metonymy.runs import stand_in
+from metonymy.runs import subjobs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_FILE = os.path.join(ROOT, "configs", "demo.py")
@@ -91,16 +91,16 @@ def test_block_says_whether_the_machine_was_shared():
       "seconds": {"total": 484.2},
       "machine": {"cpu_count": 2, "backend": "cpu x 1", "cores": 2,
                   "load_average_start": [0.2, 0.3, 0.4], "load_average_end": [3.9, 3.5, 2.0]}}
-  assert text.describe(results).endswith(
+  assert tables.describe(results).endswith(
       "Wall time 484 s on 2 CPU cores (cpu x 1; load average 3.9 at the end: the cores were "
       "shared with other jobs).")
   results["machine"]["load_average_end"] = [1.9, 1.8, 1.2]
-  assert text.describe(results).endswith(
+  assert tables.describe(results).endswith(
       "Wall time 484 s on 2 CPU cores (cpu x 1; load average 1.9 at the end: machine otherwise "
       "idle).")
   for key in ("cores", "load_average_start", "load_average_end"):  # An older results.json.
     del results["machine"][key]
-  assert text.describe(results).endswith("Wall time 484 s on 2 CPU cores (cpu x 1).")
+  assert tables.describe(results).endswith("Wall time 484 s on 2 CPU cores (cpu x 1).")
 
 
 def test_position_baseline_rows_of_the_discovery_table():
@@ -108,15 +108,15 @@ def test_position_baseline_rows_of_the_discovery_table():
   K differ, none in an older results.json."""
   same = {"NMI": 41.6, "ARI": 37.5, "NMI_fg": 41.6, "ARI_fg": 37.5}
   pd = {"single": {"position_baseline": same}, "two_stage_ste": {"position_baseline": same}}
-  assert text.position_rows(pd) == [["chance: keypoint position alone",
-                                     "(k-means on the training keypoints; no image)", "",
-                                     "41.6", "37.5", "41.6", "37.5", ""]]
+  assert tables.position_rows(pd) == [["chance: keypoint position alone",
+                                       "(k-means on the training keypoints; no image)", "",
+                                       "41.6", "37.5", "41.6", "37.5", ""]]
   pd["two_stage_ste"]["position_baseline"] = dict(same, NMI=30.0)
-  rows = text.position_rows(pd)
+  rows = tables.position_rows(pd)
   assert [r[0] for r in rows] == ["chance: keypoint position alone (K of single-stage)",
                                   "chance: keypoint position alone (K of two-stage STE)"]
   assert [r[3] for r in rows] == ["41.6", "30.0"]
-  assert text.position_rows({"single": {}, "two_stage_ste": {}}) == []
+  assert tables.position_rows({"single": {}, "two_stage_ste": {}}) == []
 
 
 def test_seed_row_without_markers_fails_clearly(tmp_path):

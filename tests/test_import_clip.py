@@ -22,11 +22,11 @@ torch = ref.torch
 transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")
 
-from metonymy import checkpoints  # noqa: E402
-from metonymy.checkpoints import clip as clip_layouts  # noqa: E402
-from metonymy.checkpoints import registry  # noqa: E402
-from metonymy.checkpoints import timm_style  # noqa: E402
-from metonymy.checkpoints.io import CheckpointError, RawCheckpoint  # noqa: E402
+from metonymy import converters as checkpoints  # noqa: E402
+from metonymy.converters import clip as clip_layouts  # noqa: E402
+from metonymy.converters import registry  # noqa: E402
+from metonymy.converters import timm_style  # noqa: E402
+from metonymy.converters.io import CheckpointError, RawCheckpoint  # noqa: E402
 from metonymy.models import vit  # noqa: E402
 
 NUM_PARTS = 3

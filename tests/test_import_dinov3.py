@@ -20,9 +20,9 @@ torch = ref.torch
 transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")
 
-from metonymy import checkpoints  # noqa: E402  (after the importorskips)
-from metonymy.checkpoints import registry  # noqa: E402
-from metonymy.checkpoints.io import CheckpointError, RawCheckpoint  # noqa: E402
+from metonymy import converters as checkpoints  # noqa: E402  (after the importorskips)
+from metonymy.converters import registry  # noqa: E402
+from metonymy.converters.io import CheckpointError, RawCheckpoint  # noqa: E402
 from metonymy.models import pos_embed  # noqa: E402
 from metonymy.models import vit  # noqa: E402
 

@@ -23,8 +23,8 @@ torch = ref.torch
 
 transformers = pytest.importorskip("transformers")
 
-from metonymy import checkpoints  # noqa: E402
-from metonymy.checkpoints import hf_vit  # noqa: E402
+from metonymy import converters as checkpoints  # noqa: E402
+from metonymy.converters import hf_vit  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_PARTS = 3
@@ -289,7 +289,7 @@ def test_convert_cli_round_trip(tmp_path):
   out_dir = str(tmp_path / "converted")
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
              JAX_PLATFORMS="cpu")
-  result = subprocess.run([sys.executable, "-m", "metonymy.checkpoints", "convert", "--input",
+  result = subprocess.run([sys.executable, "-m", "metonymy.converters", "convert", "--input",
                            folder, "--output", out_dir], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
   assert result.returncode == 0, result.stderr

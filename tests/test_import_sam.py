@@ -29,11 +29,11 @@ from tests import torch_reference as ref
 torch = ref.torch
 F = torch.nn.functional
 
-from metonymy import checkpoints  # noqa: E402
+from metonymy import converters as checkpoints  # noqa: E402
 from metonymy import loading
-from metonymy.checkpoints import __main__ as checkpoints_cli  # noqa: E402
-from metonymy.checkpoints import registry  # noqa: E402
-from metonymy.checkpoints.io import RawCheckpoint  # noqa: E402
+from metonymy.converters import __main__ as checkpoints_cli  # noqa: E402
+from metonymy.converters import registry  # noqa: E402
+from metonymy.converters.io import RawCheckpoint  # noqa: E402
 from metonymy.models import sam_encoder  # noqa: E402
 
 SMALL = dict(width=64, depth=4, heads=4, mlp=128, window=3, global_blocks=(1, 3), neck=32,

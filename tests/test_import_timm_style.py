@@ -21,8 +21,8 @@ from tests import torch_reference as ref
 torch = ref.torch
 timm = pytest.importorskip("timm")
 
-from metonymy import checkpoints  # noqa: E402
-from metonymy.checkpoints import timm_style  # noqa: E402
+from metonymy import converters as checkpoints  # noqa: E402
+from metonymy.converters import timm_style  # noqa: E402
 
 NUM_PARTS = 3
 
@@ -235,7 +235,7 @@ def test_convert_cli_round_trip(tmp_path):
   sd = _tiny_state(tmp_path)
   path = ref.save_state_dict(sd, str(tmp_path / "dino.pth"))
   out_dir = str(tmp_path / "converted")
-  result = subprocess.run([sys.executable, "-m", "metonymy.checkpoints", "convert", "--input", path,
+  result = subprocess.run([sys.executable, "-m", "metonymy.converters", "convert", "--input", path,
                            "--output", out_dir, "--image-size", "160"],
                           capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
   assert result.returncode == 0, result.stderr
@@ -247,7 +247,7 @@ def test_convert_cli_round_trip(tmp_path):
   a = model.apply({"params": params}, x)
   b = direct_model.apply({"params": direct_params}, x)
   np.testing.assert_array_equal(np.asarray(a["patch_tokens"]), np.asarray(b["patch_tokens"]))
-  bad = subprocess.run([sys.executable, "-m", "metonymy.checkpoints", "convert", "--input",
+  bad = subprocess.run([sys.executable, "-m", "metonymy.converters", "convert", "--input",
                         str(tmp_path / "missing.pth"), "--output", out_dir],
                        capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
   assert bad.returncode != 0 and "missing.pth" in bad.stderr
@@ -255,7 +255,7 @@ def test_convert_cli_round_trip(tmp_path):
 
 def test_torchscript_archives_are_read_as_state_dicts(tmp_path):
   """OpenAI's CLIP files are TorchScript archives, which torch.load(weights_only=True) refuses."""
-  from metonymy.checkpoints import io
+  from metonymy.converters import io
   module = torch.jit.script(torch.nn.Linear(3, 4))
   path = str(tmp_path / "scripted.pt")
   module.save(path)

@@ -89,7 +89,7 @@ def test_models_import_only_models():
 # Layers below training/: what a trained model is read back with must not depend on how it was
 # trained. The workdir package sits under all of them (it imports nothing of metonymy's).
 BELOW_TRAINING = ("metonymy.loading", "metonymy.trained_part_model", "metonymy.models",
-                  "metonymy.data", "metonymy.checkpoints", "metonymy.workdir")
+                  "metonymy.data", "metonymy.converters", "metonymy.workdir")
 
 
 def _in(module, prefixes):

@@ -10,9 +10,10 @@ import os
 import pytest
 
 from metonymy import config_lib
-from metonymy.demo import references
-from metonymy.demo import stand_in
-from metonymy.demo import subjobs
+from metonymy.runs import references
+from metonymy.runs import stand_in
+from metonymy.runs import subjobs
+from metonymy.workdir import Workdir
 
 CONFIG_FILE = os.path.join(os.path.dirname(__file__), "..", "configs", "demo.py")
 # Every part's share of the evaluation patches must lie in [MIN_SHARE, MAX_SHARE]: a collapsed
@@ -34,8 +35,8 @@ def test_stage1_on_a_learned_backbone_does_not_collapse(tmp_path):
   sub.trainer.log_every_steps = 100
   sub.data.eval_split = "val"
   sub.data.eval_examples = 64
-  scalars = subjobs.run_training(sub, backbone, str(tmp_path / "single"), config.world,
-                                 config.seed, root=tmp_path)
+  scalars = subjobs.run_training(sub, backbone, Workdir(tmp_path).sub("single"), config.world,
+                                 config.seed)
   shares = [scalars[f"part_share/{k}"] for k in range(sub.model.num_parts + 1)]
   assert all(MIN_SHARE <= s <= MAX_SHARE for s in shares), shares
   assert scalars["collapsed"] == 0.0

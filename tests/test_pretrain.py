@@ -11,10 +11,10 @@ import pytest
 
 from metonymy import config_lib
 from metonymy import loading
-from metonymy.checkpoints.io import CheckpointError
-from metonymy.demo import stand_in
+from metonymy.converters.io import CheckpointError
 from metonymy.models import vit
 from metonymy.probe import pretrain
+from metonymy.runs import stand_in
 
 CONFIG_FILE = os.path.join(os.path.dirname(__file__), "..", "configs", "demo.py")
 

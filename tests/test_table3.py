@@ -13,10 +13,10 @@ from scipy import stats as scipy_stats
 from metonymy import config_lib
 from metonymy import readme_blocks
 from metonymy import table3
-from metonymy.demo import subjobs
+from metonymy.runs import subjobs
 from metonymy.table3 import report
-from metonymy.table3 import runs
 from metonymy.table3 import stats
+from metonymy.table3 import variants
 from tests import compile_cache
 
 compile_cache.enable()
@@ -115,14 +115,14 @@ def test_configs_load_and_refuse_unknown_args():
   with pytest.raises(ValueError, match="priors"):
     config_lib.load_config(CONFIG_FILE, "priors=some")
   # The two-stage arms are the single-stage run with another model, nothing else.
-  single = runs.training_config(full, "single").to_dict()
+  single = variants.training_config(full, "single").to_dict()
   for variant in ("hard", "ste", "soft"):
-    two = runs.training_config(full, variant).to_dict()
+    two = variants.training_config(full, variant).to_dict()
     assert two["model"]["stage2"]["mask"] == variant
     assert {k: v for k, v in two.items() if k != "model"} == {
         k: v for k, v in single.items() if k != "model"}
   with pytest.raises(ValueError, match="unknown variant"):
-    runs.training_config(full, "late")
+    variants.training_config(full, "late")
 
 
 def test_readme_block_says_whether_the_machine_was_shared():
@@ -168,7 +168,7 @@ def test_small_job_writes_every_row_and_the_paired_comparison(small_job):
   assert [(r["variant"], r["seed"]) for r in rows] == [
       (v, s) for s in (0, 1) for v in ("single", "hard", "ste", "soft")]
   for r in rows:
-    assert set(runs.ROW_KEYS) <= set(r) and r["world_seed"] == 0
+    assert set(variants.ROW_KEYS) <= set(r) and r["world_seed"] == 0
     assert 0.0 <= r["NMI"] <= 100.0 and 0.0 < r["mAP_stage1"] <= 1.0
     assert r["PS"] is not None and r["MPPO"] is not None
     assert (r["mAP_stage2"] is None) == (r["variant"] == "single")

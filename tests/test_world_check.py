@@ -8,7 +8,7 @@ import pytest
 from metonymy import config_lib
 from metonymy import loading
 from metonymy import world_check
-from metonymy.checkpoints import store
+from metonymy.converters import store
 
 CONFIG_FILE = os.path.join(os.path.dirname(__file__), "..", "configs", "demo.py")
 

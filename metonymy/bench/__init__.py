@@ -6,7 +6,7 @@ Speed is measured here, never in unit tests.
   cost           times (interleaved minima), XLA FLOPs and memory, peak FLOP/s: shared by all
   vit            Flax ViT vs its PyTorch reference, plain and early-masked (command `vit`)
   two_stage      single- vs two-stage model (command `two_stage`; suite section Table S5)
-  probe          linear probes at CUB scale (command `probe`)
+  linear_probes  linear probes at CUB scale (command `probe`)
   early_masking  plain vs early-masked forward, attention vs K and resolution (suite sections)
   pipeline       training input pipeline throughput (suite section)
   options        what a suite run measures, and the random-weight models and inputs it builds

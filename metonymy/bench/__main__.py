@@ -107,10 +107,10 @@ def main(argv=None) -> int:
       update_readme(args.readme, "bench:vit", vit_bench.MARKDOWN_HEADER,
                     vit_bench.markdown_rows(results), results["device"])
   if args.bench == "probe":
-    from metonymy.bench import probe as probe_bench
-    results = probe_bench.run(args.train, args.test, args.parts, args.dim, args.attributes,
-                              patience=args.patience)
-    print(probe_bench.format_result(results))
+    from metonymy.bench import linear_probes
+    results = linear_probes.run(args.train, args.test, args.parts, args.dim, args.attributes,
+                                patience=args.patience)
+    print(linear_probes.format_result(results))
   if args.bench == "two_stage":
     from metonymy.bench import two_stage as two_stage_bench
     results = two_stage_bench.run(args.model, args.batch_size, args.image_size, args.num_parts,

@@ -3,7 +3,7 @@
   python -m metonymy.bench vit --model vit_b16 --batch-size 8 --image-size 224 --num-parts 8
 
 Both sides compute the same function: the PyTorch reference is a timm model with random weights,
-imported into Flax through `metonymy.checkpoints` (and the outputs are compared before timing).
+imported into Flax through `metonymy.converters` (and the outputs are compared before timing).
 Times are minima over interleaved repetitions in one process, so the ratios are measured under
 the same machine load. The early-masked reference runs timm's blocks on the `[prefix copies,
 patches]` sequence with the same block mask. `from_options` is the `bench suite` section "vit".
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from metonymy import checkpoints
+from metonymy import converters
 from metonymy.bench import cost
 from metonymy.bench.options import Options, patch_grid, sequence_lengths, vit_config
 from metonymy.models import vit
@@ -92,7 +92,7 @@ def run(model_name: str = "vit_b16", batch_size: int = 8, image_size: int = 224,
       path = os.path.join(tmp, "model.safetensors")
       from safetensors.torch import save_file
       save_file({k: v.contiguous() for k, v in torch_model.state_dict().items()}, path)
-      model, params = checkpoints.load_backbone(path)
+      model, params = converters.load_backbone(path)
   else:
     model, params = vit.init_params(vit_config(model_name, image_size, depth))
   config = model.config

@@ -12,12 +12,12 @@ world's cross-part correlation, which tells leakage from real correlation) and "
 
 from typing import Dict
 
-from metonymy.demo import stand_in
 from metonymy.demo import story
 from metonymy.demo import sweep
+from metonymy.runs import stand_in
 
 
-def run(config, workdir: str) -> Dict:
+def run(config, workdir) -> Dict:
   mode = config.get("mode", "story")
   if mode == "story":
     return story.run_story(config, workdir)

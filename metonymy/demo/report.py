@@ -5,28 +5,28 @@ import glob
 import os
 from typing import Dict, List
 
-from metonymy.demo import subjobs
-from metonymy.demo import text
+from metonymy.demo import tables
 from metonymy.probe import report as probe_report
+from metonymy.runs import subjobs
+from metonymy.runs import text
 from metonymy.workdir import Workdir
 from metonymy.workdir import layout
 
 
-def write_story(workdir: str, config, results: Dict) -> List[str]:
+def write_story(files: Workdir, results: Dict) -> List[str]:
   """DIR/results.json and DIR/report.md; returns their paths."""
-  files = Workdir(workdir)
   path_json = os.fspath(layout.write_json(files.results_file, probe_report.sanitize(results)))
   b = results["benchmark"]
-  tables = text.results_tables(results)
+  shown = tables.results_tables(results)
   lines = ["# metonymy demo: intra-object leakage on the synthetic parts world", "",
-           text.describe(results), "",
+           tables.describe(results), "",
            "## 1. Leakage of the pretrained backbone (late vs early masking)", "",
            "PS = how much better a part's feature predicts its own part's attributes than the "
            "other parts' (paper eq. 1); MPPO = how often the most predictive part of an attribute "
            "is its own (eq. 2). Causal leakage = relative change of part k's feature when "
            "every pixel outside part k is replaced by another image's. At correlation 0 any "
            "cross-part predictability is leakage.", "",
-           tables[0], ""]
+           shown[0], ""]
   parts, groups = b.get("part_names"), b.get("groups")
   for m in ("late", "early"):
     matrix = b.get(f"map_matrix_{m}")
@@ -39,29 +39,27 @@ def write_story(workdir: str, config, results: Dict) -> List[str]:
             "Single-stage: Stage 1 on the frozen backbone. Two-stage STE: Stage 1's maps drive "
             "Stage 2's isolated part streams (hard forward, soft backward); its Stage 2 head sees "
             "each part's pixels only.", "",
-            tables[2], ""] + [w + "\n" for w in text.collapse_warnings(results)]
-  lines += ["## The stand-in backbone", "", tables[4], ""]
+            shown[2], ""] + [w + "\n" for w in tables.collapse_warnings(results)]
+  lines += ["## The stand-in backbone", "", shown[4], ""]
   if results["part_discovery"].get("priors"):
     lines += ["## What the part-shaping priors charge", "",
               "The priors Stage 1 is trained with (PDiscoFormer's, at its weights), on the true "
               "parts and on the maps Stage 1 found: when the truth costs more than the found "
               "maps, the priors pull Stage 1 away from the real parts.", "",
-              tables[6], ""]
-  lines += ["## Figures", ""] + _figures(workdir)
+              shown[6], ""]
+  lines += ["## Figures", ""] + _figures(files)
   lines += ["## Timing", "",
             probe_report.markdown_table(["step", "seconds"],
                        [[k, f"{v:.0f}"] for k, v in results["seconds"].items()]),
             ""]
-  path_md = os.fspath(files.report_file)
-  with open(path_md, "w") as f:
-    f.write("\n".join(lines) + "\n")
+  path_md = os.fspath(layout.write_text(files.report_file, "\n".join(lines) + "\n"))
   return [path_json, path_md]
 
 
-def _figures(workdir: str) -> List[str]:
-  """Markdown image lines for the PNGs the sub-jobs wrote (paths relative to workdir)."""
+def _figures(files: Workdir) -> List[str]:
+  """Markdown image lines for the PNGs the sub-jobs wrote (paths relative to the workdir)."""
   lines = []
-  bench = os.fspath(Workdir(workdir).sub(subjobs.BENCHMARK_DIR).path)
+  workdir, bench = files.path, files.sub(subjobs.BENCHMARK_DIR).path
   for pattern, caption in (("table1.png", "PS and causal leakage"),
                            ("map_matrices_*.png",
                             "attribute mAP per part (rows) and group, late vs early"),
@@ -70,7 +68,7 @@ def _figures(workdir: str) -> List[str]:
     for path in sorted(glob.glob(os.path.join(bench, pattern))):
       lines += [f"![{caption}]({os.path.relpath(path, workdir)})", ""]
   for key, sub in subjobs.TRAIN_DIRS.items():
-    images = Workdir(workdir).sub(sub).images
+    images = files.sub(sub).images
     found = sorted(glob.glob(os.path.join(images, "eval_part_maps_*.png")))
     if found:
       lines += [f"Discovered part maps, {key.replace('_', '-')} (rows: the images, the argmax "

@@ -21,32 +21,32 @@ import jax
 
 from metonymy import console
 from metonymy import machine_load
+from metonymy.converters import store
 from metonymy.demo import progress
 from metonymy.demo import readme
-from metonymy.demo import references
 from metonymy.demo import report
-from metonymy.demo import stand_in
-from metonymy.demo import subjobs
-from metonymy.demo import text
+from metonymy.demo import tables
+from metonymy.runs import references
+from metonymy.runs import stand_in
+from metonymy.runs import subjobs
 from metonymy.workdir import Workdir
 from metonymy.workdir import layout
 
 
-def run_story(config, workdir: str) -> Dict:
+def run_story(config, workdir) -> Dict:
   load_at_start = machine_load.load_average()  # Was the machine shared? Said in the block.
   steps = progress.Steps(4)
   world = config.world
-  os.makedirs(workdir, exist_ok=True)
+  files = Workdir(workdir).make()
   console.console(f"[demo] the synthetic parts world at {world.image_size} px, cross-part "
                   f"correlation {world.correlation:g}, splits {dict(world.splits)}; outputs in "
-                  f"{workdir}")
+                  f"{files}")
 
   steps.begin("pretrain", "pretraining the stand-in for DINO")
-  backbone, stand_in_record = stand_in.pretrained_backbone(config, workdir, world)
+  backbone, stand_in_record = stand_in.pretrained_backbone(config, files, world)
 
   steps.begin("benchmark", "leakage benchmark: ground-truth part masks, late vs early masking")
-  bench = subjobs.run_benchmark(config, backbone, Workdir(workdir).sub(subjobs.BENCHMARK_DIR).path,
-                                world, root=workdir)
+  bench = subjobs.run_benchmark(config, backbone, files.sub(subjobs.BENCHMARK_DIR), world)
 
   steps.begin("part_discovery", "part discovery: single-stage, then two-stage STE")
   trained = {}
@@ -54,31 +54,48 @@ def run_story(config, workdir: str) -> Dict:
     console.console(f"[demo] training {key} ({sub.model.name}"
                     f"{', ' + sub.model.stage2.mask if 'stage2' in sub.model else ''}) for "
                     f"{sub.trainer.num_steps} steps at batch {sub.data.batch_size}")
-    trained[key] = subjobs.run_training(sub, backbone,
-                                        Workdir(workdir).sub(subjobs.TRAIN_DIRS[key]).path, world,
-                                        config.seed, root=workdir)
+    trained[key] = subjobs.run_training(sub, backbone, files.sub(subjobs.TRAIN_DIRS[key]), world,
+                                        config.seed)
 
   steps.begin("report", "writing report.md and results.json")
   chance = references.chance_map(subjobs.with_world(config.single, world).data)
-  priors = references.prior_costs(config, backbone, workdir, world)
+  priors = prior_costs(config, backbone, files, world)
   seconds = steps.finish()
-  results = story_results(config, layout.record_path(backbone, workdir, workdir), stand_in_record,
-                          bench, trained, seconds)
+  results = story_results(config, files.record(backbone), stand_in_record, bench, trained,
+                          seconds)
   results["machine"].update(machine_load.at_end(load_at_start))
   results["part_discovery"]["chance_mAP"] = chance
   results["part_discovery"]["priors"] = priors
   results["summary"]["map_chance"] = chance
-  written = report.write_story(workdir, config, results)
+  written = report.write_story(files, results)
   if config.readme:
     if int(world.seed) == 0:  # The headline block is the default world's.
       readme.write_results(config.readme, results)
     readme.write_seed_row(config.readme, results)
     written.append(config.readme)
   console.console(f"[demo] done in {seconds['total']:.0f} s; wrote " + ", ".join(written))
-  console.console(text.summary_line(results))
-  for line in text.collapse_warnings(results):
+  console.console(tables.summary_line(results))
+  for line in tables.collapse_warnings(results):
     console.console(f"[demo] WARNING: {line}")
   return results
+
+
+def prior_costs(config, backbone: str, files: Workdir, world) -> Optional[Dict[str, Dict]]:
+  """{"truth" | "single" | "two_stage_ste": {prior: value}}: the map priors of the ground truth
+  on the backbone's patch grid, and of each trained model's last training batch. None when the
+  backbone's patch size is unknown (not a converted ViT folder)."""
+  try:
+    arch = layout.read_json(os.path.join(backbone, store.ARCH_FILE))
+    patch_size = int(arch["vit_config"]["patch_size"])
+  except (OSError, KeyError, ValueError):
+    return None
+  costs = {"truth": references.priors_of_the_truth(
+      subjobs.with_world(config.single, world).data, patch_size)}
+  for key, directory in subjobs.TRAIN_DIRS.items():
+    trained = subjobs.last_train_losses(files.sub(directory))
+    costs["single" if key == "single" else "two_stage_ste"] = {
+        name: trained.get(name) for name in references.MAP_PRIORS}
+  return costs
 
 
 def story_results(config, backbone: str, stand_in_record: Optional[Dict], bench: Dict,

@@ -15,50 +15,49 @@ import ml_collections
 from metonymy import console
 from metonymy.demo import plots
 from metonymy.demo import progress
-from metonymy.demo import stand_in
-from metonymy.demo import subjobs
-from metonymy.demo import text
 from metonymy.probe import report as probe_report
+from metonymy.runs import stand_in
+from metonymy.runs import subjobs
+from metonymy.runs import text
 from metonymy.workdir import Workdir
 from metonymy.workdir import layout
 
 SWEEP_PNG = "ps_vs_correlation.png"
 
 
-def run_sweep(config, workdir: str) -> Dict:
+def run_sweep(config, workdir) -> Dict:
   correlations = [float(c) for c in config.sweep.correlations]
   if not correlations or any(not 0.0 <= c <= 1.0 for c in correlations):
     raise ValueError(f"config.sweep.correlations must be values in [0, 1], got {correlations}")
   steps = progress.Steps(len(correlations) + 2)
-  os.makedirs(workdir, exist_ok=True)
+  files = Workdir(workdir).make()
   steps.begin("pretrain", "one backbone for every point: the given one, or pretrained once on "
                           f"the world at correlation {config.world.correlation:g}")
-  backbone, _ = stand_in.pretrained_backbone(config, workdir, config.world)
+  backbone, _ = stand_in.pretrained_backbone(config, files, config.world)
   points = []
   for c in correlations:
     steps.begin(f"correlation_{c:g}", f"benchmark at cross-part correlation {c:g}")
     world = ml_collections.ConfigDict(config.world.to_dict())
     world.correlation = c
     # One workdir (and feature cache) per world: the cache key does not hold the correlation.
-    sub_dir = os.fspath(Workdir(workdir).sub(f"correlation_{c:g}").path)
+    name = f"correlation_{c:g}"
     title = f"synthetic parts world, correlation {c:g}, the demo's tiny ViT"
-    r = subjobs.run_benchmark(config, backbone, sub_dir, world, root=workdir, title=title)
-    points.append({"correlation": c, "workdir": os.path.relpath(sub_dir, workdir),
+    r = subjobs.run_benchmark(config, backbone, files.sub(name), world, title=title)
+    points.append({"correlation": c, "workdir": name,
                    **{k: r.get(k) for k in ("ps_late", "ps_early", "ps_late_ci", "ps_early_ci",
                                             "causal_leakage_late", "causal_leakage_early")}})
   steps.begin("report", "plotting PS against correlation")
   seconds = steps.finish()
-  results = {"job": "demo", "mode": "correlation_sweep", "backbone": layout.record_path(backbone, workdir, workdir),
+  results = {"job": "demo", "mode": "correlation_sweep", "backbone": files.record(backbone),
              "world": config.world.to_dict(), "points": points, "seconds": seconds,
              "date": datetime.datetime.now().isoformat(timespec="seconds")}
-  written = write_sweep(workdir, results)
+  written = write_sweep(files, results)
   console.console(f"[demo] sweep done in {seconds['total']:.0f} s; wrote " + ", ".join(written))
   return results
 
 
-def write_sweep(workdir: str, results: Dict) -> List[str]:
+def write_sweep(files: Workdir, results: Dict) -> List[str]:
   """The plot, DIR/results.json and DIR/report.md; returns their paths."""
-  files = Workdir(workdir)
   png = os.fspath(files.output(SWEEP_PNG))
   plots.plot_sweep(png, results["points"])
   path_json = os.fspath(layout.write_json(files.results_file, probe_report.sanitize(results)))
@@ -77,7 +76,5 @@ def write_sweep(workdir: str, results: Dict) -> List[str]:
                        "causal leakage late", "causal leakage early", ""], rows), "",
            f"![PS against correlation]({SWEEP_PNG})", "",
            f"Wall time {results['seconds']['total']:.0f} s.", ""]
-  path_md = os.fspath(files.report_file)
-  with open(path_md, "w") as f:
-    f.write("\n".join(lines))
+  path_md = os.fspath(layout.write_text(files.report_file, "\n".join(lines)))
   return [png, path_json, path_md]

@@ -13,7 +13,7 @@ probes, PS / MPPO / NMI / ARI / causal leakage, reports. The job is `run(config,
 """
 
 
-def run(config, workdir: str):
+def run(config, workdir):
   # Imported on call, so `import metonymy.probe` stays light (no JAX, no matplotlib).
   from metonymy.probe import job
   return job.run(config, workdir)

@@ -24,7 +24,6 @@ from metonymy.probe import pretrain
 from metonymy.probe import report
 from metonymy.training import writers
 from metonymy.workdir import Workdir
-from metonymy.workdir import layout
 
 
 def backbone_entries(config) -> List[Tuple[str, object]]:
@@ -41,7 +40,7 @@ def _default_name(backbone_cfg) -> str:
   return f"{backbone_cfg.preset}-random"
 
 
-def run(config, workdir: str) -> Dict:
+def run(config, workdir) -> Dict:
   start = time.perf_counter()
   cache_root = config.features.cache_dir or os.fspath(Workdir(workdir).feature_cache)
   suite = "backbones" in config
@@ -123,14 +122,14 @@ def with_paths_resolved(config, workdir: str):
   """A copy of `config` whose backbone checkpoints and masks.path are the paths they name:
   a sub-run records those of its own job's tree relative to its workdir ("workdir:../train",
   layout.record_path), read here against where that workdir is now; any other path as given."""
-  config = config.copy_and_resolve_references()
+  config, files = config.copy_and_resolve_references(), Workdir(workdir)
   blocks = [config.backbone] if "backbone" in config else []
   blocks += list((config.get("backbones") or {}).values())
   for block in blocks:
     if block.get("checkpoint"):
-      block.checkpoint = layout.resolve_path(block.checkpoint, workdir)
+      block.checkpoint = files.resolve(block.checkpoint)
   if config.get("masks") and config.masks.get("path"):
-    config.masks.path = layout.resolve_path(config.masks.path, workdir)
+    config.masks.path = files.resolve(config.masks.path)
   return config
 
 

@@ -49,7 +49,7 @@ from sklearn import linear_model
 from sklearn import metrics as sk_metrics
 from tqdm.auto import tqdm
 
-from metonymy import checkpoints
+from metonymy import converters
 from metonymy.evaluation import metrics
 from metonymy.models import vit
 from metonymy.probe import masks
@@ -320,6 +320,6 @@ def load_stand_in(prefix: str):
       {tuple(k.split("/")[1:]): v for k, v in arrays.items() if k.startswith("params/")})
   heads = traverse_util.unflatten_dict(
       {tuple(k.split("/")[1:]): v for k, v in arrays.items() if k.startswith("heads/")})
-  checkpoints.check_against_model(vit_config, params,
+  converters.check_against_model(vit_config, params,
                                   f"{prefix}.npz (architecture from {prefix}.json)")
   return vit_config, params, heads, record

@@ -14,7 +14,7 @@ from metonymy import loading
 from metonymy.workdir import Workdir
 
 
-def run(config, workdir: str):
+def run(config, workdir):
   model, params, vit_config = loading.build_backbone(config.backbone, config.seed)
   size = vit_config.image_size
   grid = (size // vit_config.patch_size,) * 2

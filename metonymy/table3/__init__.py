@@ -1,20 +1,24 @@
 """The Table-3 job (`job = "table3"`, configs/synthetic_table3.py): single-stage against two-stage
 hard, STE and soft part discovery on one synthetic world, where the true parts are known.
 
-  runs     one variant at one run seed: its training config, the train job, the probe job on
-           its discovered parts (PS, MPPO), and its row read back from the sub-runs' files
-  stats    means and sds per variant; two-stage minus single-stage paired by seed, with 95%
-           t intervals
-  report   results.json, report.md (Table 3 and Table S6's columns, the chance level, Stage 2's
-           training, the mechanism), the part-map figure (Fig. 4) and README's block
+  job        the stand-in, every run, the numbers and the figure's inputs, then the report
+  variants   one variant at one run seed: its training config, the train job, the probe job on
+             its discovered parts (PS, MPPO), and its row read back from the sub-runs' files
+  stats      means and sds per variant; two-stage minus single-stage paired by seed, with 95%
+             t intervals
+  part_maps  the part-map figure's (Fig. 4) inputs: the trained models reloaded on test images
+  report     results.json, report.md (Table 3 and Table S6's columns, the chance level, Stage 2's
+             training, the mechanism), the part-map figure and README's block, formatted from
+             what the job computed
 
 The arms differ in the model alone: one stand-in, one world, and per run seed the same Stage-1
-initialisation, data order, Gumbel noise and budget.
+initialisation, data order, Gumbel noise and budget. The sub-runs, the stand-in and the
+reference numbers are metonymy/runs/'s, which the demo uses too.
 """
 
 from typing import Dict
 
 
-def run(config, workdir: str) -> Dict:
+def run(config, workdir) -> Dict:
   from metonymy.table3 import job  # Imported on call: `import metonymy.table3` stays light.
   return job.run(config, workdir)

@@ -1,5 +1,6 @@
 """run(config, workdir): the stand-in, then every (run seed, variant) trained and benchmarked,
-then results.json, report.md, the figure and README's block (report.py). A rerun on the same
+then the figure's part maps (part_maps.py), then results.json, report.md, the figure and README's
+block (report.py, which formats what this computed). A rerun on the same
 workdir skips the runs that finished (the train job resumes, a written probe is read back)."""
 
 import datetime
@@ -10,23 +11,24 @@ from typing import Dict
 
 from metonymy import console
 from metonymy import machine_load
-from metonymy.demo import references
-from metonymy.demo import stand_in
-from metonymy.demo import subjobs
+from metonymy.runs import references
+from metonymy.runs import stand_in
+from metonymy.runs import subjobs
+from metonymy.table3 import part_maps
 from metonymy.table3 import report
-from metonymy.table3 import runs
 from metonymy.table3 import stats
-from metonymy.workdir import layout
+from metonymy.table3 import variants
+from metonymy.workdir import Workdir
 
 
-def run(config, workdir: str) -> Dict:
+def run(config, workdir) -> Dict:
   start = time.perf_counter()
   load_at_start = machine_load.load_average()  # Was the machine shared? Said in the block.
-  os.makedirs(workdir, exist_ok=True)
+  files = Workdir(workdir).make()
   world = config.world
   for variant in config.variants:
-    runs.training_config(config, variant)  # An unknown variant fails before any training.
-  backbone, record = stand_in.pretrained_backbone(config, workdir, world)
+    variants.training_config(config, variant)  # An unknown variant fails before any training.
+  backbone, record = stand_in.pretrained_backbone(config, files, world)
   total = len(config.seeds) * len(config.variants)
   rows, dirs = [], {}
   for seed in config.seeds:  # Seed-major: an early stop still leaves complete pairs.
@@ -35,12 +37,12 @@ def run(config, workdir: str) -> Dict:
       eta = ((time.perf_counter() - start) / done * (total - done)) if done else None
       console.console(f"[table3] ({done + 1}/{total}) {variant}, run seed {seed}, world seed "
                       f"{int(world.seed)}" + (f"; ETA {eta / 60:.0f} min" if eta else ""))
-      train_dir = runs.train(config, variant, seed, backbone, workdir)
-      probe = runs.benchmark(config, variant, seed, backbone, train_dir, workdir)
-      rows.append(runs.row(variant, seed, world.seed, train_dir, probe))
+      train_dir = variants.train(config, variant, seed, backbone, files)
+      probe = variants.benchmark(config, variant, seed, backbone, train_dir, files)
+      rows.append(variants.row(variant, seed, world.seed, train_dir, probe))
       dirs[(variant, int(seed))] = train_dir
       console.console(report.row_line(rows[-1]))
-  training = runs.training_config(config, config.variants[0])
+  training = variants.training_config(config, config.variants[0])
   eval_data = subjobs.with_world(training, world).data
   true_parts = list(references.evaluated_examples(eval_data)[0].info.part_names)
   coverage = stats.coverage_metrics(len(true_parts)) if any("coverage" in r for r in rows) else ()
@@ -49,9 +51,9 @@ def run(config, workdir: str) -> Dict:
       "world": world.to_dict(),
       "world_seed": int(world.seed),
       "seeds": [int(s) for s in config.seeds],
-      "backbone": {"path": layout.record_path(backbone, workdir, workdir), "source": (record or {}).get("source"),
+      "backbone": {"path": files.record(backbone), "source": (record or {}).get("source"),
                    "quality_val": (record or {}).get("quality_val")},
-      "protocol": report.protocol(config, training),
+      "protocol": variants.protocol(config, training),
       "chance_mAP": references.chance_map(eval_data),
       "true_parts": true_parts,
       "rows": rows,
@@ -64,7 +66,8 @@ def run(config, workdir: str) -> Dict:
                   **machine_load.at_end(load_at_start)},
       "date": datetime.datetime.now().isoformat(timespec="seconds"),
   }
-  written = report.write(config, workdir, results, dirs)
+  maps = part_maps.compute(config, dirs, int(config.seeds[0]), int(config.figure_images))
+  written = report.write(files, results, maps, config.readme)
   console.console(f"[table3] done in {results['seconds'] / 60:.1f} min; wrote "
                   + ", ".join(written))
   for line in report.summary_lines(results):

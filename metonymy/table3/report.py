@@ -1,26 +1,21 @@
 """What the Table-3 job writes: results.json, report.md, fig4_part_maps.png and README's
-"table3:results" block. Every number comes from the rows the runs wrote (runs.row)."""
+"table3:results" block. It formats what the job computed: every number comes from the rows the
+runs wrote (variants.row), the figure from the arrays of part_maps.compute."""
 
 import math
 import os
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional
 
 import matplotlib
 from matplotlib import patches
 import numpy as np
 
-from metonymy import loading
 from metonymy import machine_load
 from metonymy import readme_blocks
-from metonymy.data import pipeline
-from metonymy.demo import subjobs
-from metonymy.demo import text
 from metonymy.evaluation import part_names as part_names_lib
-from metonymy.probe import masks as masks_lib
 from metonymy.probe import plots
 from metonymy.probe import report as probe_report
-from metonymy.training import inputs
-from metonymy.training import optimizer
+from metonymy.runs import text
 from metonymy.workdir import Workdir
 from metonymy.workdir import layout
 
@@ -37,26 +32,6 @@ LABELS = {"single": "single-stage", "hard": "hard", "ste": "STE", "soft": "soft"
           "hard_none": "hard, no gradient"}
 PAIRED = (("NMI", 1), ("ARI", 1), ("NMI_fg", 1), ("ARI_fg", 1), ("PS", 3), ("MPPO", 3),
           ("mAP_stage1", 3))
-
-
-def protocol(config, training) -> Dict:
-  """The training protocol every variant shares, as run: epochs of the train split, steps, batch,
-  the learning rates at that batch, the priors' weights, the evaluation split."""
-  data = training.data
-  examples = int(data.train_examples) or int(dict(data.options.splits)["train"])
-  per_epoch = pipeline.num_batches(examples, int(data.batch_size), train=True, shard_count=1)
-  steps = int(training.trainer.num_steps) or int(training.trainer.num_epochs) * per_epoch
-  opt = training.optimizer
-  rates = {g: optimizer.scaled_rate(float(lr), int(data.batch_size), int(opt.base_batch_size),
-                                    opt.lr_scaling)
-           for g, lr in opt.learning_rates.items()}
-  return {"epochs": int(training.trainer.num_epochs) if not training.trainer.num_steps else None,
-          "train_examples": examples, "batch_size": int(data.batch_size),
-          "steps_per_epoch": per_epoch, "steps": steps, "base_learning_rates":
-          dict(opt.learning_rates), "learning_rates": rates, "schedule": opt.schedule,
-          "loss_weights": dict(training.loss.weights), "eval_split": data.eval_split,
-          "eval_examples": int(data.eval_examples), "image_size": int(data.image_size),
-          "term_gradient_batches": int(training.trainer.get("term_gradient_batches", 0))}
 
 
 def label(variant: str) -> str:
@@ -337,34 +312,18 @@ def part_legend(fig, colours, num_parts: int, true_part_names):
                           f"{true_names}); background greyed")
 
 
-def part_map_figure(path: str, config, dirs: Dict[Tuple[str, int], str], seed: int,
-                    num_images: int) -> bool:
-  """Fig. 4: the ground truth and every variant's discovered parts (run seed `seed`) on the same
-  first `num_images` scored images; colours are discovered part indices, not part names (a
-  discovered part has no name until it is matched to the truth: "part 1..K")."""
-  variants = [v for v in config.variants if (v, seed) in dirs]
-  if not variants or num_images <= 0:
-    return False
-  first = loading.load_trained_part_model(dirs[(variants[0], seed)])
-  vit_config = first.model.backbone.config
-  data = subjobs.with_world(config.single, config.world).data
-  source, _ = inputs.sources(data)
-  batch = next(iter(inputs.eval_pipeline(source, data, vit_config.image_mean,
-                                         vit_config.image_std, num_images)))
-  images = np.asarray(batch["image"], np.float32)[:num_images]
-  shown = np.clip((images * np.asarray(vit_config.image_std) + np.asarray(vit_config.image_mean)),
-                  0.0, 1.0)
+def part_map_figure(path: str, maps: Dict) -> None:
+  """Fig. 4 from part_maps.compute's arrays: the ground truth and every variant's discovered
+  parts on the same images; colours are discovered part indices, not part names (a discovered
+  part has no name until it is matched to the truth: "part 1..K")."""
+  shown, num_parts = maps["images"], maps["num_parts"]
+  num_images = len(shown)
   grey = np.repeat(shown.mean(-1, keepdims=True), 3, -1)
-  num_parts = int(first.num_parts)
   cmap = matplotlib.colormaps.get_cmap("tab10")
   colours = np.array([cmap(k % 10)[:3] for k in range(num_parts)] + [(0.0, 0.0, 0.0)])
-  truth = [masks_lib.segmentation_part_labels(source[i]["part_segmentation"], num_parts)
-           for i in range(num_images)] if "part_segmentation" in source[0] else None
-  rows = [("image", None)] + ([("ground truth", np.stack(truth))] if truth is not None else [])
-  for variant in variants:
-    labels, _ = loading.load_trained_part_model(dirs[(variant, seed)]).pixel_labels(
-        images, vit_config.image_mean, vit_config.image_std)
-    rows.append((label(variant), np.asarray(labels)))
+  rows = [("image", None)] + ([("ground truth", maps["truth"])]
+                              if maps["truth"] is not None else [])
+  rows += [(label(variant), labels) for variant, labels in maps["labels"].items()]
   fig, axes = plots.subplots(len(rows), num_images, figsize=(1.6 * num_images, 1.7 * len(rows)),
                              squeeze=False)
   for r, (title, labels) in enumerate(rows):
@@ -378,26 +337,22 @@ def part_map_figure(path: str, config, dirs: Dict[Tuple[str, int], str], seed: i
       ax.set_xticks([])
       ax.set_yticks([])
     axes[r][0].set_ylabel(title, fontsize=9)
-  part_legend(fig, colours, num_parts, source.info.part_names)
-  fig.suptitle(f"Part maps on the first {num_images} scored images, run seed {seed}", fontsize=10)
+  part_legend(fig, colours, num_parts, maps["true_part_names"])
+  fig.suptitle(f"Part maps on the first {num_images} scored images, run seed {maps['seed']}",
+               fontsize=10)
   fig.tight_layout(rect=(0, 0.09, 1, 0.97))
   fig.savefig(path, dpi=120)
-  return True
 
 
-def write(config, workdir: str, results: Dict, dirs) -> List[str]:
-  written = []
-  files = Workdir(workdir)
-  path = os.fspath(layout.write_json(files.results_file, probe_report.sanitize(results)))
-  written.append(path)
-  if part_map_figure(os.fspath(files.output(FIGURE)), config, dirs, int(config.seeds[0]),
-                     int(config.figure_images)):
+def write(files: Workdir, results: Dict, maps: Optional[Dict], readme: str = "") -> List[str]:
+  """results.json, the figure (from part_maps.compute's `maps`, when there are any), report.md
+  and, with `readme`, its block there; returns the paths written."""
+  written = [os.fspath(layout.write_json(files.results_file, probe_report.sanitize(results)))]
+  if maps is not None:
+    part_map_figure(os.fspath(files.output(FIGURE)), maps)
     written.append(os.fspath(files.output(FIGURE)))
-  path = os.fspath(files.report_file)
-  with open(path, "w") as f:
-    f.write(markdown(results))
-  written.append(path)
-  if config.readme:
-    readme_blocks.write_block(config.readme, README_BLOCK, readme_block(results))
-    written.append(config.readme)
+  written.append(os.fspath(layout.write_text(files.report_file, markdown(results))))
+  if readme:
+    readme_blocks.write_block(readme, README_BLOCK, readme_block(results))
+    written.append(readme)
   return written

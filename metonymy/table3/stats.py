@@ -15,7 +15,8 @@ POSITION_METRICS = ("position_NMI", "position_ARI", "position_NMI_fg", "position
 
 
 def coverage_metrics(num_true_parts: int) -> Tuple[str, ...]:
-  """The rows' mask-coverage keys (runs.coverage): the means over the true parts, then per part."""
+  """The rows' mask-coverage keys (variants.coverage): the means over the true parts, then per
+  part."""
   return ("coverage", "area_ratio") + tuple(
       f"{name}/{g}" for name in ("coverage", "area_ratio") for g in range(num_true_parts))
 

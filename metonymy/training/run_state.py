@@ -36,11 +36,11 @@ import jax
 import orbax.checkpoint as ocp
 
 from metonymy.workdir import Workdir
-from metonymy.workdir import checkpoints as workdir_checkpoints
 from metonymy.workdir import layout
+from metonymy.workdir import trained_params
 
-all_finite = workdir_checkpoints.all_finite
-_all_finite_jit = workdir_checkpoints.all_finite_jit
+all_finite = trained_params.all_finite
+_all_finite_jit = trained_params.all_finite_jit
 
 
 def directory(workdir) -> epath.Path:

@@ -48,7 +48,7 @@ from jax.experimental import multihost_utils
 
 from metonymy import console
 from metonymy import loading
-from metonymy.checkpoints import store
+from metonymy.converters import store
 from metonymy.data import pipeline
 from metonymy.models import part_model
 from metonymy.training import evaluate
@@ -60,7 +60,6 @@ from metonymy.training import run_state
 from metonymy.training import sharding
 from metonymy.training import writers
 from metonymy.workdir import Workdir
-from metonymy.workdir import layout as workdir_layout
 
 
 @flax.struct.dataclass
@@ -76,12 +75,13 @@ class NonFiniteError(FloatingPointError):
   the last good checkpoint."""
 
 
-def run(config, workdir: str) -> Dict[str, float]:
-  """Trains (or resumes) in `workdir`; returns the last evaluation's scalars."""
+def run(config, workdir) -> Dict[str, float]:
+  """Trains (or resumes) in `workdir` (a path or a layout.Workdir); returns the last
+  evaluation's scalars."""
   console.quiet_library_logs()
   mesh = sharding.make_mesh(config.mesh)
   with jax.set_mesh(mesh):
-    return _train(config, workdir, mesh)
+    return _train(config, Workdir(workdir).make(), mesh)
 
 
 def _batch_sizes(config, mesh) -> int:
@@ -94,19 +94,14 @@ def _batch_sizes(config, mesh) -> int:
   return global_batch
 
 
-def _load_model(config, workdir: str,
+def _load_model(config, workdir: Workdir,
                 num_attributes: int) -> Tuple[part_model.PartModel, Any]:
   """(model, frozen params); a random-init backbone is saved once and reloaded on resume.
   model.json keeps config.backbone.checkpoint as given (a sub-run's "workdir:../backbone");
-  it is read here against the workdir (layout.resolve_path)."""
-  checkpoint = workdir_layout.resolve_path(config.backbone.checkpoint, workdir)
-  if checkpoint and not workdir_layout.as_path(checkpoint).exists():
-    raise FileNotFoundError(
-        f"config.backbone.checkpoint={config.backbone.checkpoint!r} ({checkpoint}) does not "
-        f"exist. Convert a checkpoint with `python -m metonymy.checkpoints convert --input FILE "
-        f"--output DIR` and pass --config.backbone.checkpoint=DIR (or set it to '' for a "
-        f"random-init backbone).")
-  saved = Workdir(workdir).backbone
+  it is read here against the workdir (its existence was checked before the run started, by
+  the launcher's preflight)."""
+  checkpoint = workdir.resolve(config.backbone.checkpoint)
+  saved = workdir.backbone
   exists = store.is_converted(saved)
   if jax.process_count() > 1:  # One decision for all: saving and loading are collective.
     exists = bool(multihost_utils.broadcast_one_to_all(np.asarray(exists)))
@@ -122,7 +117,7 @@ def _load_model(config, workdir: str,
   return model, frozen
 
 
-def _write_model_file(config, workdir: str, info) -> None:
+def _write_model_file(config, workdir: Workdir, info) -> None:
   """What loading.load_trained_part_model needs to rebuild the model without the data."""
   if jax.process_index() != 0:
     return
@@ -130,7 +125,7 @@ def _write_model_file(config, workdir: str, info) -> None:
           "seed": config.seed, "image_size": config.data.image_size,
           "dataset": config.data.dataset, "num_attributes": info.num_attributes,
           "attribute_names": list(info.attribute_names), "part_names": list(info.part_names)}
-  Workdir(workdir).write_model_info(meta)
+  workdir.write_model_info(meta)
 
 
 def _finite_or_raise(step: int, metrics, mngr, writer, learning_rates) -> Dict[str, float]:
@@ -144,7 +139,7 @@ def _finite_or_raise(step: int, metrics, mngr, writer, learning_rates) -> Dict[s
   writer.write_scalars(step, values)
   mngr.wait_until_finished()
   last = mngr.latest_step()
-  where = (f"the last good checkpoint is step {last} in {run_state.directory(writer.workdir)}, "
+  where = (f"the last good checkpoint is step {last} in {writer.files.checkpoints}, "
            f"which a rerun resumes from" if last is not None
            else "no checkpoint was saved before it")
   bad = {k: v for k, v in values.items() if not np.isfinite(v)}
@@ -161,9 +156,8 @@ def _finite_or_raise(step: int, metrics, mngr, writer, learning_rates) -> Dict[s
       f"check the inputs.")
 
 
-def _train(config, workdir: str, mesh) -> Dict[str, float]:
+def _train(config, workdir: Workdir, mesh) -> Dict[str, float]:
   objective.check_config(config.loss)
-  workdir = Workdir(workdir).make().path
   batch_size = _batch_sizes(config, mesh)
   per_process = batch_size // jax.process_count()
 
@@ -277,10 +271,10 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, state_sh)
     state, latest, refused = run_state.restore_newest_finite(mngr, target, train_iter)
     for bad_step, reason in refused:
-      moved = Workdir(workdir).refused_checkpoints / str(bad_step)
+      moved = workdir.refused_checkpoint(bad_step)
       console.console(f"Warning: refused checkpoint step {bad_step}: {reason}; moved to {moved}.")
     if state is not None:
-      console.console(f"Resumed from step {latest} ({run_state.directory(workdir)}).")
+      console.console(f"Resumed from step {latest} ({workdir.checkpoints}).")
     else:  # Every checkpoint was refused: start afresh, from a rewound data iterator.
       train_iter = iter(train_ds)
   if state is None:
@@ -341,7 +335,7 @@ def _train(config, workdir: str, mesh) -> Dict[str, float]:
     writer.write_text("report.md", evaluate.report_markdown(
         result["scalars"], warnings, step=step, total_steps=total_steps,
         title=f"Training report: {config.model.name} on {config.data.dataset} "
-              f"({workdir.name})", true_part_names=info.part_names))
+              f"({workdir.path.name})", true_part_names=info.part_names))
     return scalars
 
   def run_mechanism(step: int) -> None:

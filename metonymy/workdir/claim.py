@@ -1,11 +1,13 @@
 """A run's claim on its workdir: one run at a time, and only a run of the workdir's own config.
 
-  lock = claim.claim(workdir, config)   # main.py, before anything else is written there
+  lock = claim.claim(workdir, config)   # the launcher, before anything else is written there
   try:
     job.run(config, workdir)
   finally:
     if lock is not None:
       lock.release()
+
+  claim.record_config(sub_workdir, sub_config)  # a sub-run, under its parent's lock
 
 Two runs on one workdir interleave their metrics, race on the backbone folder and the
 checkpoints, and can hang each other; a run aimed at another config's workdir overwrites its
@@ -298,6 +300,14 @@ def check_config(workdir, config) -> None:
         f"run with its own config ({path}).")
 
 
+def record_config(workdir, config) -> None:
+  """Checks `config` against WORKDIR/config.json (check_config) and writes it there: the claim
+  minus the lock, for a sub-run inside a tree whose root its parent has locked."""
+  files = layout.Workdir(workdir).make()
+  check_config(files, config)
+  files.write_config_json(config)
+
+
 def claim(workdir, config) -> Optional[Lock]:
   """Locks `workdir`, checks `config` against its config.json and writes the new one; returns
   the lock to release when the run ends (None on processes other than 0, which hold none). With
@@ -307,9 +317,8 @@ def claim(workdir, config) -> Optional[Lock]:
   if jax.process_index() == 0:
     try:
       files = layout.Workdir(workdir).make()
-      lock = acquire(files.path)
-      check_config(files.path, config)
-      files.write_config_json(config)
+      lock = acquire(files)
+      record_config(files, config)
     except (WorkdirBusyError, ConfigMismatchError, OSError) as e:
       error = e
   if jax.process_count() > 1:  # One decision for all: refused, every process stops.

@@ -105,16 +105,44 @@ def resolve_path(recorded: PathLike, workdir: PathLike) -> str:
 
 
 class Workdir:
-  """The files of one run's workdir (see the module docstring); `path` is local or gs://."""
+  """The files of one run's workdir (see the module docstring); `path` is local or gs://.
 
-  def __init__(self, path: PathLike):
+  A sub-run's workdir (`sub`: a demo step, a Table-3 run) knows the workdir of the job whose tree
+  it is in, `root`: its records of that tree's files are relative (`record`), and the launcher
+  runs it under the root's claim (metonymy/launcher.py). `Workdir(handle)` is the same handle.
+  """
+
+  def __init__(self, path: Union[PathLike, "Workdir"], root: Optional["Workdir"] = None):
+    if isinstance(path, Workdir):
+      path, root = path.path, root or path._root
     self.path = as_path(path)
+    self._root = root  # None: this workdir is its own tree's root.
 
   def __repr__(self) -> str:
     return f"Workdir({os.fspath(self.path)!r})"
 
+  def __str__(self) -> str:
+    return os.fspath(self.path)
+
   def __fspath__(self) -> str:
     return os.fspath(self.path)
+
+  @property
+  def root(self) -> "Workdir":
+    """The workdir of the job whose tree this one is in; itself unless made by `sub`."""
+    return self._root or self
+
+  @property
+  def is_sub_run(self) -> bool:
+    return self._root is not None
+
+  def record(self, path: PathLike) -> str:
+    """How this workdir's files record `path`: relative when it is in the tree (`record_path`)."""
+    return record_path(path, self.path, self.root.path)
+
+  def resolve(self, recorded: PathLike) -> str:
+    """The path a record of this workdir's files names (`resolve_path`)."""
+    return resolve_path(recorded, self.path)
 
   @property
   def is_local(self) -> bool:
@@ -149,8 +177,8 @@ class Workdir:
     return self.refused_checkpoints / str(int(step))
 
   def sub(self, name: str) -> "Workdir":
-    """The workdir of a sub-job (a demo step, a Table-3 run) inside this one."""
-    return Workdir(self.path / name)
+    """The workdir of a sub-run (a demo step, a Table-3 run) inside this one, in its tree."""
+    return Workdir(self.path / name, root=self.root)
 
   def make(self) -> "Workdir":
     self.path.mkdir(parents=True, exist_ok=True)

@@ -24,9 +24,9 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from metonymy.checkpoints import mapping
-from metonymy.checkpoints.io import CheckpointError, RawCheckpoint
-from metonymy.checkpoints.registry import Layout, register
+from metonymy.converters import mapping
+from metonymy.converters.io import CheckpointError, RawCheckpoint
+from metonymy.converters.registry import Layout, register
 from metonymy.models import pos_embed as pos_lib
 from metonymy.models.vit import ViTConfig
 

@@ -22,9 +22,9 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from metonymy.checkpoints import mapping
-from metonymy.checkpoints.io import CheckpointError, RawCheckpoint
-from metonymy.checkpoints.registry import Layout, register
+from metonymy.converters import mapping
+from metonymy.converters.io import CheckpointError, RawCheckpoint
+from metonymy.converters.registry import Layout, register
 from metonymy.models.vit import ViTConfig
 
 BLOCK_NAMES = {

@@ -30,9 +30,9 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from metonymy.checkpoints import mapping
-from metonymy.checkpoints.io import CheckpointError, RawCheckpoint
-from metonymy.checkpoints.registry import Layout, register
+from metonymy.converters import mapping
+from metonymy.converters.io import CheckpointError, RawCheckpoint
+from metonymy.converters.registry import Layout, register
 from metonymy.models.sam_encoder import SamEncoderConfig
 
 # Our role -> key template (after the layout's prefix), per layout.

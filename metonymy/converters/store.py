@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from metonymy.checkpoints.io import CheckpointError
+from metonymy.converters.io import CheckpointError
 from metonymy.models import sam_encoder
 from metonymy.models import vit
 from metonymy.workdir.layout import as_path, write_text

@@ -39,9 +39,9 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from metonymy.checkpoints import mapping
-from metonymy.checkpoints.io import CheckpointError, RawCheckpoint
-from metonymy.checkpoints.registry import Layout, register
+from metonymy.converters import mapping
+from metonymy.converters.io import CheckpointError, RawCheckpoint
+from metonymy.converters.registry import Layout, register
 from metonymy.models.vit import ViTConfig
 
 # Prefixes under which HF puts the backbone: none for `*Model`, the base-model prefix for heads.

@@ -45,10 +45,10 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from metonymy.checkpoints import mapping
-from metonymy.checkpoints.io import CheckpointError, RawCheckpoint
-from metonymy.checkpoints.registry import Layout, register
-from metonymy.checkpoints.timm_style import BLOCK_NAMES as TIMM_BLOCK_NAMES
+from metonymy.converters import mapping
+from metonymy.converters.io import CheckpointError, RawCheckpoint
+from metonymy.converters.registry import Layout, register
+from metonymy.converters.timm_style import BLOCK_NAMES as TIMM_BLOCK_NAMES
 from metonymy.models.vit import ViTConfig
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)

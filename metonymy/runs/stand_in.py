@@ -1,8 +1,8 @@
-"""The demo's stand-in for DINO: a tiny ViT pretrained on the world's image-level attributes
-(probe/pretrain.py), since a real DINO checkpoint neither fits the synthetic world nor runs in
-minutes on a CPU. Step 1 of the story (use a given backbone, reuse DIR/backbone, take the one
-shipped in metonymy/assets/ when it was made by exactly this recipe, else pretrain one) and the
-mode "stand_in" that remakes the shipped files."""
+"""The stand-in for DINO that the demo and Table 3 start from: a tiny ViT pretrained on the world's
+image-level attributes (probe/pretrain.py), since a real DINO checkpoint neither fits the
+synthetic world nor runs in minutes on a CPU. `pretrained_backbone` (use a given backbone, reuse
+DIR/backbone, take the one shipped in metonymy/assets/ when it was made by exactly this recipe,
+else pretrain one) and the demo's mode "stand_in" that remakes the shipped files."""
 
 import datetime
 import json
@@ -13,13 +13,13 @@ import ml_collections
 
 from metonymy import console
 from metonymy import loading
-from metonymy.checkpoints import store
-from metonymy.demo import subjobs
-from metonymy.demo import text
+from metonymy.converters import store
 from metonymy.models import vit
 from metonymy.probe import benchmark
 from metonymy.probe import job as probe_job
 from metonymy.probe import pretrain
+from metonymy.runs import subjobs
+from metonymy.runs import text
 from metonymy.workdir import Workdir
 from metonymy.workdir import layout
 
@@ -118,7 +118,7 @@ def stand_in_quality(config, world, vit_config, params, heads) -> Dict:
   return quality
 
 
-def pretrained_backbone(config, workdir: str, world) -> Tuple[str, Optional[Dict]]:
+def pretrained_backbone(config, workdir, world) -> Tuple[str, Optional[Dict]]:
   """Step 1: (the converted backbone folder the rest of the demo uses, its record or None).
 
   A given checkpoint (config.benchmark.backbone.checkpoint) is used as is. Otherwise the stand-in

@@ -7,8 +7,8 @@ restricted to a family (or `family/layout`) when the user names one.
 import dataclasses
 from typing import Callable, Dict, List, Optional, Tuple
 
-from metonymy.checkpoints.io import CheckpointError, RawCheckpoint
-from metonymy.checkpoints.mapping import KeyReader
+from metonymy.converters.io import CheckpointError, RawCheckpoint
+from metonymy.converters.mapping import KeyReader
 from metonymy.models.vit import ViTConfig
 
 ConvertFn = Callable[[KeyReader, RawCheckpoint], Tuple[ViTConfig, dict]]

@@ -16,19 +16,19 @@ from typing import Optional, Tuple, Union
 import jax
 import numpy as np
 
-from metonymy.checkpoints import registry
-from metonymy.checkpoints import store
-from metonymy.checkpoints.io import CheckpointError, RawCheckpoint, read_checkpoint
-from metonymy.checkpoints.mapping import KeyReader
+from metonymy.converters import registry
+from metonymy.converters import store
+from metonymy.converters.io import CheckpointError, RawCheckpoint, read_checkpoint
+from metonymy.converters.mapping import KeyReader
 from metonymy.models import sam_encoder
 from metonymy.models import vit
 
 # Layout modules register themselves on import.
-from metonymy.checkpoints import timm_style  # noqa: F401  pylint: disable=unused-import
-from metonymy.checkpoints import hf_vit  # noqa: F401  pylint: disable=unused-import
-from metonymy.checkpoints import dinov3  # noqa: F401  pylint: disable=unused-import
-from metonymy.checkpoints import clip  # noqa: F401  pylint: disable=unused-import
-from metonymy.checkpoints import sam  # noqa: F401  pylint: disable=unused-import
+from metonymy.converters import timm_style  # noqa: F401  pylint: disable=unused-import
+from metonymy.converters import hf_vit  # noqa: F401  pylint: disable=unused-import
+from metonymy.converters import dinov3  # noqa: F401  pylint: disable=unused-import
+from metonymy.converters import clip  # noqa: F401  pylint: disable=unused-import
+from metonymy.converters import sam  # noqa: F401  pylint: disable=unused-import
 
 __all__ = ["CheckpointError", "check_against_model", "convert_checkpoint", "load_backbone",
            "save_converted"]

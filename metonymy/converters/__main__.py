@@ -1,8 +1,8 @@
 """Command line: convert a PyTorch checkpoint once, so later runs need no torch.
 
-  python -m metonymy.checkpoints convert --input dinov2_vitb14_reg4_pretrain.pth \
+  python -m metonymy.converters convert --input dinov2_vitb14_reg4_pretrain.pth \
       --output converted/dinov2_vitb14_reg4 [--family dinov2] [--image-size 224]
-  python -m metonymy.checkpoints layouts
+  python -m metonymy.converters layouts
 """
 
 import argparse
@@ -10,12 +10,12 @@ import sys
 
 from clu import parameter_overview
 
-from metonymy import checkpoints
-from metonymy.checkpoints import registry
+from metonymy import converters
+from metonymy.converters import registry
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m metonymy.checkpoints")
+  parser = argparse.ArgumentParser(prog="python -m metonymy.converters")
   sub = parser.add_subparsers(dest="command", required=True)
   convert = sub.add_parser("convert", help="PyTorch / safetensors / HF checkpoint -> Orbax folder")
   convert.add_argument("--input", required=True, help=".pth/.pt/.bin/.safetensors or an HF folder")
@@ -32,11 +32,11 @@ def main(argv=None) -> int:
       print(f"{name:20s} {description}")
     return 0
   try:
-    config, params, layout = checkpoints.convert_checkpoint(args.input, args.family, args.image_size)
-  except (checkpoints.CheckpointError, ValueError) as e:
+    config, params, layout = converters.convert_checkpoint(args.input, args.family, args.image_size)
+  except (converters.CheckpointError, ValueError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
-  checkpoints.save_converted(args.output, config, params, source=f"{args.input} ({layout})")
+  converters.save_converted(args.output, config, params, source=f"{args.input} ({layout})")
   tokens = (f"{config.num_registers} registers" if hasattr(config, "num_registers") else
             f"no prefix tokens, {getattr(config, 'out_channels', 0)}-channel neck")
   print(f"{args.input}: layout {layout}, {config.depth} blocks, width {config.width}, patch "

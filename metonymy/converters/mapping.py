@@ -10,7 +10,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from metonymy.checkpoints.io import CheckpointError
+from metonymy.converters.io import CheckpointError
 
 
 class KeyReader:

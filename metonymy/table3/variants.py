@@ -1,15 +1,15 @@
 """One Table-3 run: a variant (single, hard, ste, soft) at one run seed, trained and benchmarked
 through the project's own jobs, and its row read back from what they wrote."""
 
-import json
 import math
-import os
 from typing import Dict, Optional
 
 import ml_collections
 
 from metonymy import config_lib
-from metonymy.demo import subjobs
+from metonymy.data import pipeline
+from metonymy.runs import subjobs
+from metonymy.training import optimizer
 from metonymy.workdir import Workdir
 from metonymy.workdir import layout
 
@@ -33,35 +33,53 @@ def training_config(config, variant: str) -> ml_collections.ConfigDict:
   return config_lib.two_stage(config.single, mask=mask, hard_gradient=hard_gradient)
 
 
-def run_dir(workdir: str, variant: str, seed: int) -> str:
-  return os.fspath(Workdir(workdir).sub(f"{variant}_seed{int(seed)}").path)
+def protocol(config, training) -> Dict:
+  """The training protocol every variant shares, as run: epochs of the train split, steps, batch,
+  the learning rates at that batch, the priors' weights, the evaluation split."""
+  data = training.data
+  examples = int(data.train_examples) or int(dict(data.options.splits)["train"])
+  per_epoch = pipeline.num_batches(examples, int(data.batch_size), train=True, shard_count=1)
+  steps = int(training.trainer.num_steps) or int(training.trainer.num_epochs) * per_epoch
+  opt = training.optimizer
+  rates = {g: optimizer.scaled_rate(float(lr), int(data.batch_size), int(opt.base_batch_size),
+                                    opt.lr_scaling)
+           for g, lr in opt.learning_rates.items()}
+  return {"epochs": int(training.trainer.num_epochs) if not training.trainer.num_steps else None,
+          "train_examples": examples, "batch_size": int(data.batch_size),
+          "steps_per_epoch": per_epoch, "steps": steps, "base_learning_rates":
+          dict(opt.learning_rates), "learning_rates": rates, "schedule": opt.schedule,
+          "loss_weights": dict(training.loss.weights), "eval_split": data.eval_split,
+          "eval_examples": int(data.eval_examples), "image_size": int(data.image_size),
+          "term_gradient_batches": int(training.trainer.get("term_gradient_batches", 0))}
 
 
-def train(config, variant: str, seed: int, backbone: str, workdir: str) -> str:
+def run_dir(workdir: Workdir, variant: str, seed: int) -> Workdir:
+  """The workdir of `variant` at run seed `seed` in the job's `workdir`."""
+  return workdir.sub(f"{variant}_seed{int(seed)}")
+
+
+def train(config, variant: str, seed: int, backbone: str, workdir: Workdir) -> Workdir:
   """Trains (or finds trained) `variant` at run seed `seed`; returns its train workdir."""
-  directory = os.fspath(Workdir(run_dir(workdir, variant, seed)).sub("train").path)
-  subjobs.run_training(training_config(config, variant), backbone, directory, config.world, seed,
-                       root=workdir)
+  directory = run_dir(workdir, variant, seed).sub("train")
+  subjobs.run_training(training_config(config, variant), backbone, directory, config.world, seed)
   return directory
 
 
-def benchmark(config, variant: str, seed: int, backbone: str, train_dir: str,
-              workdir: str) -> Dict:
+def benchmark(config, variant: str, seed: int, backbone: str, train_dir: Workdir,
+              workdir: Workdir) -> Dict:
   """PS and MPPO of a trained model (paper Table 3): linear probes on its own part features over
   its discovered parts: late masking of the frozen backbone for single-stage (Stage 1's pooled
   features), early masking of the trained Stage-2 ViT for two-stage (Stage 2's isolated ones)."""
-  directory = os.fspath(Workdir(run_dir(workdir, variant, seed)).sub("probe").path)
-  results_path = os.fspath(Workdir(directory).results_file)
-  if os.path.exists(results_path):  # A rerun of the job: the probe already ran.
-    with open(results_path) as f:
-      return json.load(f)
+  directory = run_dir(workdir, variant, seed).sub("probe")
+  if directory.results_file.exists():  # A rerun of the job: the probe already ran.
+    return layout.read_json(directory.results_file)
   bench = ml_collections.ConfigDict(config.benchmark.to_dict())
-  bench.masks.path = layout.record_path(train_dir, directory, workdir)
+  bench.masks.path = directory.record(train_dir)
   bench.features.maskings = ("late",) if variant == "single" else ("early",)
   bench.backbone_name = f"{variant} seed {seed}"
   source = backbone if variant == "single" else train_dir
   return subjobs.run_benchmark(ml_collections.ConfigDict({"benchmark": bench, "seed": seed}),
-                               source, directory, config.world, root=workdir,
+                               source, directory, config.world,
                                title=f"{variant}, run seed {seed}: its own part features")
 
 

@@ -1,20 +1,15 @@
-"""What the demo's part-discovery numbers are read against: the mAP of a constant predictor on
-the images a train job scores (the floor), and what the part-shaping priors charge the true
-parts compared with the maps Stage 1 found (whether the priors prefer the truth at all)."""
+"""What part-discovery numbers on the synthetic world are read against: the mAP of a constant
+predictor on the images a train job scores (the floor), and what the part-shaping priors charge
+the true parts, to compare with the maps Stage 1 found (whether the priors prefer the truth)."""
 
-import json
-import os
 from typing import Dict, Optional
 
 import jax
 import numpy as np
 
 from metonymy import data as data_lib
-from metonymy.checkpoints import store
-from metonymy.demo import subjobs
 from metonymy.probe import masks
 from metonymy.training import losses
-from metonymy.workdir import Workdir
 
 # The part-shaping priors that depend on the maps alone: objective.loss_fn's term name -> the
 # function in metonymy/training/losses.py.
@@ -34,8 +29,8 @@ def priors_of_the_truth(data_cfg, patch_size: int) -> Dict[str, float]:
   on the patch grid (plurality per patch) as one-hot maps [B, K+1, h, w] (background last), for
   the first `eval_examples` of `data_cfg.eval_split`, scored in batches of the training batch size
   (the presence priors take a max over the batch) and averaged. A diagnostic only: compared with
-  the trained maps' values (`subjobs.last_train_losses`), it says whether the priors, at this
-  patch grid, prefer the true parts to what Stage 1 found."""
+  the trained maps' values (a train run's `loss/<term>` records), it says whether the priors, at
+  this patch grid, prefer the true parts to what Stage 1 found."""
   source, count = evaluated_examples(data_cfg)
   num_parts = len(source.info.part_names)
   labels = masks.segmentation_part_labels(
@@ -47,24 +42,6 @@ def priors_of_the_truth(data_cfg, patch_size: int) -> Dict[str, float]:
   return {name: float(np.mean([jax.device_get(getattr(losses, function)(chunk))
                                for chunk in chunks]))
           for name, function in MAP_PRIORS.items()}
-
-
-def prior_costs(config, backbone: str, workdir: str, world) -> Optional[Dict[str, Dict]]:
-  """{"truth" | "single" | "two_stage_ste": {prior: value}}: the map priors of the ground truth
-  on the backbone's patch grid, and of each trained model's last training batch. None when the
-  backbone's patch size is unknown (not a converted ViT folder)."""
-  try:
-    with open(os.path.join(backbone, store.ARCH_FILE)) as f:
-      patch_size = int(json.load(f)["vit_config"]["patch_size"])
-  except (OSError, KeyError, ValueError):
-    return None
-  costs = {"truth": priors_of_the_truth(subjobs.with_world(config.single, world).data,
-                                        patch_size)}
-  for key, directory in subjobs.TRAIN_DIRS.items():
-    trained = subjobs.last_train_losses(Workdir(workdir).sub(directory))
-    costs["single" if key == "single" else "two_stage_ste"] = {
-        name: trained.get(name) for name in MAP_PRIORS}
-  return costs
 
 
 def chance_map(data_cfg) -> Optional[float]:

@@ -1,44 +1,25 @@
-"""The demo's numbers as text: number formatting, markdown tables, the paragraph that describes
+"""The demo's numbers as tables and sentences: its markdown tables, the paragraph that describes
 a run's setup, and the collapse warnings. One place, so report.md, README's block and the
 console show the same numbers the same way."""
 
-import math
 from typing import Dict, List, Optional
 
 from metonymy import machine_load
-from metonymy.demo import references
 from metonymy.probe import report as probe_report
-
-
-def fmt(value, digits: int = 3) -> str:
-  """`value` to `digits` decimals; "n/a" for None and non-finite values."""
-  if value is None or (isinstance(value, float) and not math.isfinite(value)):
-    return "n/a"
-  return f"{value:.{digits}f}"
-
-
-def fmt_int(value) -> str:
-  return "n/a" if value is None else str(int(value))
-
-
-def with_ci(results_block: Dict, key: str, digits: int = 3) -> str:
-  """`results_block[key]` followed by its `<key>_ci` interval when there is one."""
-  value, ci = results_block.get(key), results_block.get(f"{key}_ci")
-  if ci and all(c is not None for c in ci):
-    return f"{fmt(value, digits)} [{fmt(ci[0], digits)}, {fmt(ci[1], digits)}]"
-  return fmt(value, digits)
+from metonymy.runs import references
+from metonymy.runs import text
 
 
 def results_tables(results: Dict) -> List[str]:
   """The headline tables (markdown lines), shared by report.md and README: leakage, part
   discovery, the stand-in's quality and the priors' costs, with blank lines between."""
   b, pd = results["benchmark"], results["part_discovery"]
-  leak = probe_report.markdown_table(["Masking", "PS (higher = part-specific)", "Causal leakage (0 = none)",
-                "MPPO"], [
-      ["late (pool a plain forward in the part mask)", with_ci(b, "ps_late"),
-       with_ci(b, "causal_leakage_late", 4), with_ci(b, "mppo_late")],
-      ["early (block-masked forward)", with_ci(b, "ps_early"),
-       with_ci(b, "causal_leakage_early", 4), with_ci(b, "mppo_early")]])
+  leak = probe_report.markdown_table(
+      ["Masking", "PS (higher = part-specific)", "Causal leakage (0 = none)", "MPPO"], [
+      ["late (pool a plain forward in the part mask)", text.with_ci(b, "ps_late"),
+       text.with_ci(b, "causal_leakage_late", 4), text.with_ci(b, "mppo_late")],
+      ["early (block-masked forward)", text.with_ci(b, "ps_early"),
+       text.with_ci(b, "causal_leakage_early", 4), text.with_ci(b, "mppo_early")]])
   rows = []
   for name, key, heads in (("single-stage", "single", ("stage1",)),
                            ("two-stage STE", "two_stage_ste", ("stage1", "stage2", "ensemble"))):
@@ -46,24 +27,26 @@ def results_tables(results: Dict) -> List[str]:
     label = {"stage1": "Stage 1 head", "stage2": "Stage 2 head (isolated parts)",
              "ensemble": "ensemble (sum of logits)"}
     for i, h in enumerate(heads):
-      parts = ([fmt(r["NMI"], 1), fmt(r["ARI"], 1), fmt(r["NMI_fg"], 1), fmt(r["ARI_fg"], 1),
-                fmt(r.get("max_part_share"), 2)] if i == 0 else ["", "", "", "", ""])
-      rows.append([name, label[h], fmt(r["mAP"].get(h))] + parts)
+      parts = ([text.fmt(r[k], 1) for k in ("NMI", "ARI", "NMI_fg", "ARI_fg")]
+               + [text.fmt(r.get("max_part_share"), 2)] if i == 0 else ["", "", "", "", ""])
+      rows.append([name, label[h], text.fmt(r["mAP"].get(h))] + parts)
   chance = pd.get("chance_mAP")
-  rows.append(["constant predictor", "(chance level)", fmt(chance), "0", "0", "0", "0", ""])
+  rows.append(["constant predictor", "(chance level)", text.fmt(chance), "0", "0", "0", "0", ""])
   rows += position_rows(pd)
-  discovery = probe_report.markdown_table(["Model", "Attribute head", "mAP", "NMI", "ARI", "NMI fg", "ARI fg",
-                     "largest part share"], rows)
+  discovery = probe_report.markdown_table(
+      ["Model", "Attribute head", "mAP", "NMI", "ARI", "NMI fg", "ARI fg", "largest part share"],
+      rows)
   quality = (results["backbone"].get("quality_val") or {})
-  rows = [["attribute mAP of its CLS head", fmt(quality.get("cls/mAP")),
-           fmt(quality.get("chance/mAP"))],
-          ["attribute mAP of its part read-out head", fmt(quality.get("parts/mAP")),
-           fmt(quality.get("chance/mAP"))]]
+  rows = [["attribute mAP of its CLS head", text.fmt(quality.get("cls/mAP")),
+           text.fmt(quality.get("chance/mAP"))],
+          ["attribute mAP of its part read-out head", text.fmt(quality.get("parts/mAP")),
+           text.fmt(quality.get("chance/mAP"))]]
   if "part_probe/balanced_accuracy" in quality:
     rows += [["a patch token's part, logistic probe (balanced accuracy)",
-              fmt(quality["part_probe/balanced_accuracy"]), fmt(quality["part_probe/chance"])],
+              text.fmt(quality["part_probe/balanced_accuracy"]),
+              text.fmt(quality["part_probe/chance"])],
              ["k-means on the foreground patch tokens vs the true parts (NMI x100)",
-              fmt(quality["kmeans_fg/NMI"], 1), "0"]]
+              text.fmt(quality["kmeans_fg/NMI"], 1), "0"]]
   stand_in = probe_report.markdown_table(["Stand-in backbone, on `val`", "value", "chance level"],
                    rows) if quality else ""
   return [leak, "", discovery, "", stand_in, "", priors_table(pd.get("priors"))]
@@ -83,7 +66,7 @@ def position_rows(part_discovery: Dict) -> List[List[str]]:
     shown = [("", p) for _, p in measured[:1]]
   return [["chance: keypoint position alone" + suffix,
            "(k-means on the training keypoints; no image)", "",
-           fmt(p["NMI"], 1), fmt(p["ARI"], 1), fmt(p["NMI_fg"], 1), fmt(p["ARI_fg"], 1), ""]
+           *(text.fmt(p[k], 1) for k in ("NMI", "ARI", "NMI_fg", "ARI_fg")), ""]
           for suffix, p in shown]
 
 
@@ -92,13 +75,14 @@ def priors_table(priors: Optional[Dict[str, Dict]]) -> str:
   on the patch grid and each model's maps at its last training step."""
   if not priors:
     return ""
-  rows = [[label, *(fmt(priors[key].get(name)) for name in references.MAP_PRIORS)]
+  rows = [[label, *(text.fmt(priors[key].get(name)) for name in references.MAP_PRIORS)]
           for key, label in (("truth", "ground-truth parts on the patch grid (one-hot)"),
                              ("single", "single-stage maps, last training batch"),
                              ("two_stage_ste", "two-stage STE maps, last training batch"))
           if key in priors]
-  return probe_report.markdown_table(["Part-shaping priors (unweighted, lower = preferred)", "total variation",
-                "foreground presence", "background presence", "entropy"], rows)
+  return probe_report.markdown_table(
+      ["Part-shaping priors (unweighted, lower = preferred)", "total variation",
+       "foreground presence", "background presence", "entropy"], rows)
 
 
 def describe(results: Dict) -> str:
@@ -120,8 +104,8 @@ def describe(results: Dict) -> str:
           f"intervals over test images. Part discovery: {pd['train_steps']['single']} "
           f"(single-stage) and {pd['train_steps']['two_stage_ste']} (two-stage STE) training "
           f"steps, from one Stage-1 initialisation (Stage 2's ViT moved by "
-          f"{fmt(pd['two_stage_ste'].get('stage2_vit_relative_change'), 4)} of its norm), "
-          f"evaluated on the {fmt_int(pd['single'].get('num_examples'))} first "
+          f"{text.fmt(pd['two_stage_ste'].get('stage2_vit_relative_change'), 4)} of its norm), "
+          f"evaluated on the {text.fmt_int(pd['single'].get('num_examples'))} first "
           f"`{pd['eval_split']}` images (NMI/ARI x100, keypoints vs argmax part; \"fg\": argmax "
           f"over the foreground parts only; largest part share: the biggest share of the "
           f"evaluation patches any part, background included, takes). "
@@ -136,9 +120,10 @@ def collapse_warnings(results: Dict) -> List[str]:
     r = results["part_discovery"][key]
     if r.get("collapsed"):
       shares = r.get("part_share") or []
-      lines.append(f"**Collapse** ({name}): a part holds {fmt(r.get('max_part_share'))} of the "
-                   f"evaluation patches or a part is empty ({fmt_int(r.get('empty_parts'))} "
-                   f"empty); shares (background last): {', '.join(fmt(v, 2) for v in shares)}.")
+      lines.append(f"**Collapse** ({name}): a part holds {text.fmt(r.get('max_part_share'))} of "
+                   f"the evaluation patches or a part is empty "
+                   f"({text.fmt_int(r.get('empty_parts'))} empty); shares (background last): "
+                   f"{', '.join(text.fmt(v, 2) for v in shares)}.")
   return lines
 
 
@@ -148,7 +133,9 @@ def summary_line(results: Dict) -> str:
   return ("[demo] PS late {} / early {}; causal leakage late {} / early {}; mAP single {} / "
           "two-stage stage 2 {} / ensemble {}; NMI single {} / two-stage {} (keypoint position "
           "alone {})").format(
-              fmt(s["ps_late"]), fmt(s["ps_early"]), fmt(s["causal_leakage_late"], 4),
-              fmt(s["causal_leakage_early"], 4), fmt(s["map_single"]),
-              fmt(s["map_two_stage_stage2"]), fmt(s["map_two_stage_ensemble"]),
-              fmt(s["nmi_single"], 1), fmt(s["nmi_two_stage"], 1), fmt(s.get("nmi_position"), 1))
+              text.fmt(s["ps_late"]), text.fmt(s["ps_early"]),
+              text.fmt(s["causal_leakage_late"], 4),
+              text.fmt(s["causal_leakage_early"], 4), text.fmt(s["map_single"]),
+              text.fmt(s["map_two_stage_stage2"]), text.fmt(s["map_two_stage_ensemble"]),
+              text.fmt(s["nmi_single"], 1), text.fmt(s["nmi_two_stage"], 1),
+              text.fmt(s.get("nmi_position"), 1))

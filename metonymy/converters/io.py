@@ -83,7 +83,7 @@ def _read_torch(path: str) -> Dict[str, np.ndarray]:
     import torch
   except ImportError as e:
     raise CheckpointError(f"{path}: reading a torch pickle needs PyTorch (pip install torch). "
-                          "Convert it once with `python -m metonymy.checkpoints convert` on a "
+                          "Convert it once with `python -m metonymy.converters convert` on a "
                           "machine with torch, or use a .safetensors file.") from e
   if _is_torchscript_archive(path):
     # OpenAI's released CLIP files are TorchScript archives, which weights_only refuses. A

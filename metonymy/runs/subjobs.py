@@ -1,18 +1,17 @@
-"""The jobs the demo drives (the probe job for the leakage benchmark, the train job for part
-discovery), each given the demo's world as its dataset options, and the readers of what a train
-job logs. The sub-jobs are the real ones, run on sub-configs, so the demo measures exactly what
+"""The jobs the demo and the Table-3 job drive (the probe job for the leakage benchmark, the train
+job for part discovery), each given the world as its dataset options and launched as a sub-run
+(launcher.launch on a `Workdir.sub` handle), and the readers of what a train job logs. The
+sub-jobs are the real ones, run on sub-configs, so the demo and Table 3 measure exactly what
 `python -m metonymy.main` would."""
 
 from typing import Dict, List
 
 import ml_collections
 
-from metonymy import probe
-from metonymy.training import trainer
+from metonymy import launcher
 from metonymy.workdir import Workdir
-from metonymy.workdir import layout
 
-# Where each sub-job writes, under the demo's workdir.
+# Where each of the demo's sub-jobs writes, under its workdir.
 BENCHMARK_DIR = "benchmark"
 TRAIN_DIRS = {"single": "single", "two_stage": "two_stage_ste"}
 
@@ -24,34 +23,29 @@ def with_world(sub: ml_collections.ConfigDict, world) -> ml_collections.ConfigDi
   return sub
 
 
-def run_benchmark(config, backbone: str, workdir: str, world, root: str,
-                  title: str = "") -> Dict:
+def run_benchmark(config, backbone: str, workdir: Workdir, world, title: str = "") -> Dict:
   """Step 2: the probe job on `backbone`, seeded with the run seed config.seed (its bootstrap
-  draws); returns its results.json object. `root`: the workdir of the job driving it (the
-  demo's), against which the sub-run records `backbone` (layout.record_path)."""
+  draws), launched in `workdir` (a sub-run's handle: `backbone` recorded against its tree,
+  Workdir.record); returns its results.json object."""
   sub = with_world(config.benchmark, world)
   sub.seeds = (int(config.seed),)
-  sub.backbone.checkpoint = layout.record_path(backbone, workdir, root)
+  sub.backbone.checkpoint = workdir.record(backbone)
   sub.backbone_pretraining.steps = 0  # the probe job pretrains random-init backbones only
   if title:
     sub.report.title = title
-  Workdir(workdir).make().write_config_json(sub)
-  return probe.run(sub, workdir)
+  return launcher.launch(sub, workdir)
 
 
-def run_training(sub, backbone: str, workdir: str, world, seed: int,
-                 root: str) -> Dict[str, float]:
+def run_training(sub, backbone: str, workdir: Workdir, world, seed: int) -> Dict[str, float]:
   """Step 3: the train job from `backbone` with run seed `seed` (its prototype init, Gumbel
-  noise, data order and augmentation; the world is `world`'s own seed; `backbone` recorded
-  against `root` as in run_benchmark); returns the last
-  evaluation's scalars and each optimizer group's relative weight change at its end
-  (`relative_change/<group>`; read back from metrics.jsonl, so a rerun that finds the run
-  complete still reports them)."""
+  noise, data order and augmentation; the world is `world`'s own seed), launched in `workdir`
+  as run_benchmark; returns the last evaluation's scalars and each optimizer group's relative
+  weight change at its end (`relative_change/<group>`; read back from metrics.jsonl, so a rerun
+  that finds the run complete still reports them)."""
   sub = with_world(sub, world)
   sub.seed = int(seed)
-  sub.backbone.checkpoint = layout.record_path(backbone, workdir, root)
-  Workdir(workdir).make().write_config_json(sub)
-  trainer.run(sub, workdir)
+  sub.backbone.checkpoint = workdir.record(backbone)
+  launcher.launch(sub, workdir)
   changes = records(workdir, "train/relative_change/")
   moved = {f"relative_change/{k}": v for k, v in changes[max(changes)].items()} if changes else {}
   return dict(last_eval(workdir), **moved)
