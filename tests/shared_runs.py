@@ -1,15 +1,16 @@
-"""Runs that several test files read, made once per test session (tests/conftest.py turns each
-into a session fixture and keeps the tests that use it on one xdist worker).
+"""Runs that several test files read, made once per pytest command (tests/conftest.py makes each
+a session fixture, `<name>_run`, that the xdist workers share).
 
-Each is a whole job that takes a minute or more on 2 CPU cores, and the tests that read it ask
-different questions of the same files, so training it again per test file would only repeat the
-minute. A job is written in one folder and moved (`mv`) to another before any test sees it:
-every reader then also checks that a moved workdir is complete where it is, and
-tests/test_workdir_records.py checks that no file names the folder it was written in.
+Each is a whole job (a demo, a Table-3 job, a training run), and
+the tests that read it ask different questions of the same files: a second copy per test file
+or per worker would only repeat the job. The demo and the Table-3 job are written in one folder
+and moved (`mv`) to another before any test sees them, so every reader also checks that a moved
+workdir is complete where it is, and tests/test_workdir_records.py that no file names the folder
+it was written in.
 
-Readers must not change a shared run. A test that writes into one (a rerun, a kill, a move)
-copies it first (`shutil.copytree`); the fixture checks at the end of the session that its files
-are as the job left them.
+Readers must not change a shared run. A test that writes into one (a rerun, a kill, a refused
+config) copies it first (`shutil.copytree`); the fixture checks at the end of the session that
+its files are as the job left them.
 """
 
 import dataclasses
@@ -93,6 +94,16 @@ def synthetic_single(base) -> Run:
        "--config.trainer.keep_checkpoints=100"],
       cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+  return Run(workdir)
+
+
+def trained_four_steps(base) -> Run:
+  """tests/test_faults.py's synthetic_single.py:runlocal config trained for 4 steps in this
+  process (checkpoints at steps 2 and 4): a finished run to break, resume or export from."""
+  from metonymy.training import trainer
+  from tests import test_faults
+  workdir = os.path.join(base, "run")
+  trainer.run(test_faults._config(4), workdir)  # pylint: disable=protected-access
   return Run(workdir)
 
 

@@ -59,24 +59,17 @@ def _steps(workdir):
   return sorted(run_state.manager(workdir).all_steps())
 
 
-@pytest.fixture(scope="module")
-def four_steps(tmp_path_factory):
-  """A finished 4-step run (checkpoints at steps 2 and 4), made once: each test that breaks or
-  continues it works on its own copy (_copy)."""
-  workdir = str(tmp_path_factory.mktemp("four_steps") / "run")
-  trainer.run(_config(4), workdir)
-  return workdir
-
-
 def _copy(run, tmp_path):
+  """Its own copy of a shared finished run (tests/shared_runs.py), to break or continue."""
   workdir = str(tmp_path / "run")
-  shutil.copytree(run, workdir)
+  shutil.copytree(run.workdir, workdir)
   return workdir
 
 
 def test_a_non_finite_update_is_never_saved_and_a_saved_one_is_refused(tmp_path, monkeypatch,
-                                                                        capsys, four_steps):
-  workdir = _copy(four_steps, tmp_path)
+                                                                        capsys,
+                                                                        trained_four_steps_run):
+  workdir = _copy(trained_four_steps_run, tmp_path)
   assert _steps(workdir) == [2, 4]
 
   # An update to Inf (finite loss and gradients before it): stops before step 5 is saved.
@@ -126,9 +119,9 @@ def _metric_steps(workdir):
     return [r["step"] for r in map(json.loads, f) if "loss" in r]
 
 
-def test_a_truncated_file_in_the_newest_checkpoint_falls_back_to_the_previous(tmp_path, capsys,
-                                                                              four_steps):
-  workdir = _copy(four_steps, tmp_path)
+def test_a_truncated_file_in_the_newest_checkpoint_falls_back_to_the_previous(
+    tmp_path, capsys, trained_four_steps_run):
+  workdir = _copy(trained_four_steps_run, tmp_path)
   params = os.path.join(run_state.directory(workdir), "4", "params")
   arrays = [os.path.join(d, f) for d, _, files in os.walk(params) for f in files
             if os.sep + "d" + os.sep in os.path.join(d, f) + os.sep and "ocdbt" in d]
@@ -159,8 +152,8 @@ def test_no_readable_checkpoint_is_an_error_that_moves_nothing(tmp_path):
   assert _steps(workdir) == [2]
 
 
-def test_a_resume_trims_metrics_to_the_restored_step(tmp_path, four_steps):
-  workdir = _copy(four_steps, tmp_path)
+def test_a_resume_trims_metrics_to_the_restored_step(tmp_path, trained_four_steps_run):
+  workdir = _copy(trained_four_steps_run, tmp_path)
   # A kill during the save of step 4: the run resumes from step 2 and repeats steps 3 and 4.
   shutil.rmtree(os.path.join(run_state.directory(workdir), "4"))
   with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
