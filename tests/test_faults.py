@@ -250,7 +250,8 @@ def _run_and_kill(workdir, moment, rng, log):
 def test_repeated_sigkills_resume_to_the_uninterrupted_result(tmp_path, synthetic_single_run):
   import time
   start = time.monotonic()
-  reference = synthetic_single_run.workdir  # Checkpointed at the end only, these every 2 steps.
+  reference = synthetic_single_run.workdir
+  assert _steps(reference) == [_KILL_STEPS]  # Checkpointed at its end only; the killed run every 2.
   workdir = str(tmp_path / "killed")
   rng = np.random.default_rng(13)
   log, kills, during_saves = [], 0, 0

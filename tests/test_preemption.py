@@ -209,6 +209,7 @@ def _saved_step(output):
 @pytest.fixture
 def reference(synthetic_single_run):
   """The uninterrupted run a preempted one must end at, bit for bit."""
+  assert _steps(synthetic_single_run.workdir) == [STEPS]
   return synthetic_single_run.workdir
 
 

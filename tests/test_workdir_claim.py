@@ -100,6 +100,7 @@ def test_main_refuses_another_configs_workdir_and_keeps_its_files(tmp_path,
   # refusal to write, it would write into the copy.
   workdir = tmp_path / "single"
   shutil.copytree(synthetic_single_run.workdir, workdir)
+  assert json.loads((workdir / "config.json").read_text())["model"]["name"] == "stage1"
   before = {name: (workdir / name).read_bytes() for name in ("config.json", "model.json")}
 
   proc = _main("--config=configs/synthetic_hard.py:runlocal", f"--workdir={workdir}")
