@@ -62,8 +62,9 @@ tiny_demo_run = _shared(shared_runs.tiny_demo)
 small_table3_run = _shared(shared_runs.small_table3)
 synthetic_single_run = _shared(shared_runs.synthetic_single)
 trained_four_steps_run = _shared(shared_runs.trained_four_steps)
+two_stage_one_device_run = _shared(shared_runs.two_stage_one_device)
 SHARED_RUNS = ("tiny_demo_run", "small_table3_run", "synthetic_single_run",
-               "trained_four_steps_run")
+               "trained_four_steps_run", "two_stage_one_device_run")
 
 
 # ------------------------------------------------------------------------------------------------

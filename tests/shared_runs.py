@@ -107,6 +107,18 @@ def trained_four_steps(base) -> Run:
   return Run(workdir)
 
 
+def two_stage_one_device(base) -> Run:
+  """tests/test_two_stage.py's soft, hard and STE configs trained on one device in this process,
+  in `<workdir>/<mask>`: the 8-device runs must match them, and one is a two-stage workdir to
+  read a backbone from."""
+  from metonymy.training import trainer
+  from tests import test_two_stage
+  for mask in ("soft", "hard", "ste"):
+    config = test_two_stage._config(mask)  # pylint: disable=protected-access
+    trainer.run(config, os.path.join(base, mask))
+  return Run(base)
+
+
 def file_states(workdir) -> Dict[str, tuple]:
   """{path under `workdir`: (size, modification time)} of every file."""
   states = {}
