@@ -22,6 +22,7 @@ from metonymy.probe import explore
 from metonymy.runs import references
 from metonymy.runs import stand_in
 from metonymy.runs import subjobs
+from tests import shared_runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_FILE = os.path.join(ROOT, "configs", "demo.py")
@@ -78,7 +79,7 @@ def test_seed_rows_are_replaced_per_seed_and_kept_sorted(tmp_path):
 
 
 def test_block_says_whether_the_machine_was_shared():
-  """The wall-time sentence of README's demo block (text.describe), from results.json's record."""
+  """The wall-time sentence of README's demo block (tables.describe), from results.json's record."""
   results = {
       "world": {"seed": 0, "image_size": 48, "correlation": 0.0}, "seed": 0,
       "backbone": {"path": "/tmp/b", "arch": {"patch_size": 4, "width": 64, "depth": 4},
@@ -218,27 +219,14 @@ def test_early_part_feature_ignores_pixels_outside_the_part():
   assert np.abs(before["late"][:, 1] - after["late"][:, 1]).max() > 1e-4
 
 
-@pytest.fixture(scope="module")
-def tiny_demo(tmp_path_factory):
-  """One tiny story run (shared: its backbone also feeds the sweep test)."""
-  workdir = str(tmp_path_factory.mktemp("demo"))
-  readme_path = os.path.join(workdir, "README_copy.md")
-  with open(readme_path, "w") as f:
-    f.write("# x\n" + "\n".join(readme_blocks.markers(readme.RESULTS_BLOCK)
-                                  + readme_blocks.markers(readme.SEEDS_BLOCK)) + "\n")
-  config = _config("demo", "tiny")
-  config.readme = readme_path
-  config.seed = RUN_SEED
-  results = demo.run(config, workdir)
-  return workdir, results, readme_path
-
-
-RUN_SEED = 3  # not the default 0: the sub-jobs must be given the demo's run seed
+# The tiny story run: tiny_demo_run (tests/shared_runs.py), shared with
+# tests/test_workdir_records.py.
+RUN_SEED = shared_runs.TINY_DEMO_SEED  # not the default 0: the sub-jobs must be given the run seed
 
 
 @pytest.mark.slow
-def test_tiny_demo_seeds_every_sub_job_with_the_run_seed(tiny_demo):
-  workdir, results, _ = tiny_demo
+def test_tiny_demo_seeds_every_sub_job_with_the_run_seed(tiny_demo_run):
+  workdir, results = tiny_demo_run.workdir, tiny_demo_run.results
   assert results["seed"] == RUN_SEED and results["world"]["seed"] == 0
   for sub in ("single", "two_stage_ste"):
     for name in ("config.json", "model.json"):
@@ -252,8 +240,8 @@ def test_tiny_demo_seeds_every_sub_job_with_the_run_seed(tiny_demo):
 
 
 @pytest.mark.slow
-def test_tiny_demo_writes_report_and_results(tiny_demo):
-  workdir, results, readme_path = tiny_demo
+def test_tiny_demo_writes_report_and_results(tiny_demo_run):
+  workdir, readme_path = tiny_demo_run.workdir, tiny_demo_run.readme
   with open(os.path.join(workdir, "results.json")) as f:
     saved = json.load(f)
   assert saved["summary"].keys() == {
@@ -354,8 +342,8 @@ def test_tiny_demo_writes_report_and_results(tiny_demo):
 
 
 @pytest.mark.slow
-def test_small_sweep_plots_ps_against_correlation(tiny_demo, tmp_path):
-  demo_dir = tiny_demo[0]
+def test_small_sweep_plots_ps_against_correlation(tiny_demo_run, tmp_path):
+  demo_dir = tiny_demo_run.workdir  # Its stand-in backbone.
   config = _config("demo_correlation_sweep", "small")
   config.benchmark.backbone.checkpoint = os.path.join(demo_dir, stand_in.BACKBONE_DIR)
   results = demo.run(config, str(tmp_path))

@@ -12,18 +12,15 @@ import pytest
 from metonymy import config_lib
 from metonymy import export_part_maps
 from metonymy import probe
-from metonymy.training import trainer
-from tests import test_faults
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROBE_CONFIG = os.path.join(ROOT, "configs", "probe_synthetic.py")
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp("trained"))
-  trainer.run(test_faults._config(4), workdir)
-  return workdir
+@pytest.fixture
+def trained(trained_four_steps_run):
+  """A finished 4-step training run (tests/shared_runs.py, shared with tests/test_faults.py)."""
+  return trained_four_steps_run.workdir
 
 
 def _probe_config(**masks):

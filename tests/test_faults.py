@@ -6,6 +6,7 @@ import json
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 
@@ -18,6 +19,7 @@ from metonymy.training import trainer
 from metonymy.training import run_state
 from metonymy.workdir import layout as workdir_layout
 from tests import compile_cache
+from tests import shared_runs
 
 compile_cache.enable()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,10 +59,17 @@ def _steps(workdir):
   return sorted(run_state.manager(workdir).all_steps())
 
 
-def test_a_non_finite_update_is_never_saved_and_a_saved_one_is_refused(tmp_path, monkeypatch,
-                                                                        capsys):
+def _copy(run, tmp_path):
+  """Its own copy of a shared finished run (tests/shared_runs.py), to break or continue."""
   workdir = str(tmp_path / "run")
-  trainer.run(_config(4), workdir)
+  shutil.copytree(run.workdir, workdir)
+  return workdir
+
+
+def test_a_non_finite_update_is_never_saved_and_a_saved_one_is_refused(tmp_path, monkeypatch,
+                                                                        capsys,
+                                                                        trained_four_steps_run):
+  workdir = _copy(trained_four_steps_run, tmp_path)
   assert _steps(workdir) == [2, 4]
 
   # An update to Inf (finite loss and gradients before it): stops before step 5 is saved.
@@ -110,9 +119,9 @@ def _metric_steps(workdir):
     return [r["step"] for r in map(json.loads, f) if "loss" in r]
 
 
-def test_a_truncated_file_in_the_newest_checkpoint_falls_back_to_the_previous(tmp_path, capsys):
-  workdir = str(tmp_path / "run")
-  trainer.run(_config(4), workdir)
+def test_a_truncated_file_in_the_newest_checkpoint_falls_back_to_the_previous(
+    tmp_path, capsys, trained_four_steps_run):
+  workdir = _copy(trained_four_steps_run, tmp_path)
   params = os.path.join(run_state.directory(workdir), "4", "params")
   arrays = [os.path.join(d, f) for d, _, files in os.walk(params) for f in files
             if os.sep + "d" + os.sep in os.path.join(d, f) + os.sep and "ocdbt" in d]
@@ -143,11 +152,9 @@ def test_no_readable_checkpoint_is_an_error_that_moves_nothing(tmp_path):
   assert _steps(workdir) == [2]
 
 
-def test_a_resume_trims_metrics_to_the_restored_step(tmp_path):
-  workdir = str(tmp_path / "run")
-  trainer.run(_config(4), workdir)
+def test_a_resume_trims_metrics_to_the_restored_step(tmp_path, trained_four_steps_run):
+  workdir = _copy(trained_four_steps_run, tmp_path)
   # A kill during the save of step 4: the run resumes from step 2 and repeats steps 3 and 4.
-  import shutil
   shutil.rmtree(os.path.join(run_state.directory(workdir), "4"))
   with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
     f.write('{"step": 5, "lo')  # And a line the kill cut short.
@@ -159,7 +166,7 @@ def test_a_resume_trims_metrics_to_the_restored_step(tmp_path):
 # Repeated SIGKILLs: a run killed at random moments (at a step, during a checkpoint save, during
 # start-up) and resumed each time ends with exactly the parameters of an uninterrupted run.
 
-_KILL_STEPS = 40
+_KILL_STEPS = shared_runs.SYNTHETIC_SINGLE_STEPS  # The uninterrupted run's (reference).
 
 
 def _start(workdir):
@@ -240,13 +247,11 @@ def _run_and_kill(workdir, moment, rng, log):
 
 
 @pytest.mark.slow
-def test_repeated_sigkills_resume_to_the_uninterrupted_result(tmp_path):
+def test_repeated_sigkills_resume_to_the_uninterrupted_result(tmp_path, synthetic_single_run):
   import time
   start = time.monotonic()
-  reference = str(tmp_path / "reference")
-  proc, _ = _start(reference)
-  assert proc.wait(timeout=300) == 0
-
+  reference = synthetic_single_run.workdir
+  assert _steps(reference) == [_KILL_STEPS]  # Checkpointed at its end only; the killed run every 2.
   workdir = str(tmp_path / "killed")
   rng = np.random.default_rng(13)
   log, kills, during_saves = [], 0, 0

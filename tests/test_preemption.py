@@ -22,11 +22,14 @@ from metonymy.training import run_state
 from metonymy.training import preemption
 from metonymy.training import sharding
 from tests import compile_cache
+from tests import shared_runs
 from tests import test_faults
 
 compile_cache.enable()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = 40  # Subprocess runs: ~40 steps/s on one loaded core, so a signal lands mid-run.
+# Subprocess runs: ~40 steps/s on one loaded core, so a signal lands mid-run; the uninterrupted
+# run they end at is shared with tests/test_faults.py (tests/shared_runs.py).
+STEPS = shared_runs.SYNTHETIC_SINGLE_STEPS
 
 
 def _config(num_steps, checkpoint_every_steps=1000, minutes=0.0):
@@ -203,12 +206,11 @@ def _saved_step(output):
   return int(line.split("saved at step ")[1].split(";")[0])
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp("preemption") / "reference")
-  proc, lines = _start(workdir)
-  assert proc.wait(timeout=300) == 0
-  return workdir
+@pytest.fixture
+def reference(synthetic_single_run):
+  """The uninterrupted run a preempted one must end at, bit for bit."""
+  assert _steps(synthetic_single_run.workdir) == [STEPS]
+  return synthetic_single_run.workdir
 
 
 def _finish_and_compare(workdir, reference, resumed_from):

@@ -5,6 +5,7 @@ report.md, the figure and README's block."""
 import json
 import math
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -148,20 +149,13 @@ def test_figure_legend_numbers_discovered_parts_from_1():
   assert "discovered parts 1..5" in title and "1 head, 2 body, 3 wing, 4 tail, 5 legs" in title
 
 
-@pytest.fixture(scope="module")
-def small_job(tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp("table3"))
-  readme_path = os.path.join(workdir, "README_copy.md")
-  with open(readme_path, "w") as f:
-    f.write("# x\n" + "\n".join(readme_blocks.markers(report.README_BLOCK)) + "\ntail\n")
-  config = config_lib.load_config(CONFIG_FILE, "small")
-  config.readme = readme_path
-  return workdir, table3.run(config, workdir), readme_path
+# The small job: small_table3_run (tests/shared_runs.py), shared with
+# tests/test_workdir_records.py.
 
 
 @pytest.mark.slow
-def test_small_job_writes_every_row_and_the_paired_comparison(small_job):
-  workdir, results, _ = small_job
+def test_small_job_writes_every_row_and_the_paired_comparison(small_table3_run):
+  workdir = small_table3_run.workdir
   with open(os.path.join(workdir, "results.json")) as f:
     saved = json.load(f)
   rows = saved["rows"]
@@ -233,8 +227,9 @@ def test_small_job_writes_every_row_and_the_paired_comparison(small_job):
 
 
 @pytest.mark.slow
-def test_small_job_writes_the_report_figure_and_readme_block(small_job):
-  workdir, results, readme_path = small_job
+def test_small_job_writes_the_report_figure_and_readme_block(small_table3_run, tmp_path):
+  workdir, results = small_table3_run.workdir, small_table3_run.results
+  readme_path = small_table3_run.readme
   with open(os.path.join(workdir, "report.md")) as f:
     text = f.read()
   assert "| Setting | Method | ARI | NMI | PS | MPPO | mAP Stage 1 |" in text
@@ -253,7 +248,10 @@ def test_small_job_writes_the_report_figure_and_readme_block(small_job):
   _, block, tail = readme_blocks.read_block(readme_path, report.README_BLOCK)
   assert "| Two-stage | STE masks |" in block and tail.strip() == "tail"
   assert "| chance: keypoint position alone |" in block
-  # A rerun on the finished workdir trains nothing and reports the same numbers.
+  # A rerun on the finished workdir trains nothing and reports the same numbers (on a copy:
+  # the rerun rewrites the results, and the shared run stays as the job left it).
+  rerun = os.fspath(tmp_path / "rerun")
+  shutil.copytree(workdir, rerun)
   config = config_lib.load_config(CONFIG_FILE, "small")
-  again = table3.run(config, workdir)
+  again = table3.run(config, rerun)
   assert again["rows"] == results["rows"]

@@ -269,11 +269,10 @@ def test_a_model_block_without_the_later_stage2_options_builds_with_their_defaul
 
 
 @pytest.mark.slow
-def test_training_steps_match_on_one_and_eight_devices(tmp_path):
-  one = {}
-  for mask in ("soft", "hard", "ste"):
-    trainer.run(_config(mask), str(tmp_path / f"one_{mask}"))
-    one[mask] = _step_losses(str(tmp_path / f"one_{mask}"))
+def test_training_steps_match_on_one_and_eight_devices(tmp_path, two_stage_one_device_run):
+  # The one-device runs: tests/shared_runs.py (the benchmark test below reads one too).
+  one = {mask: _step_losses(os.path.join(two_stage_one_device_run.workdir, mask))
+         for mask in ("soft", "hard", "ste")}
   env = dict(os.environ, JAX_NUM_CPU_DEVICES="8", **compile_cache.ENV)
   env.pop("XLA_FLAGS", None)
   proc = subprocess.run([sys.executable, "-c", _EIGHT_DEVICES.format(root=ROOT,
@@ -289,13 +288,12 @@ def test_training_steps_match_on_one_and_eight_devices(tmp_path):
 
 
 @pytest.mark.slow
-def test_benchmark_backbone_from_a_two_stage_workdir_gives_stage2_features(tmp_path):
+def test_benchmark_backbone_from_a_two_stage_workdir_gives_stage2_features(
+    two_stage_one_device_run):
   """A two-stage workdir as `backbone.checkpoint` yields Stage 2's ViT: its early-masked CLS
   with Stage 1's part ids is exactly the model's Stage-2 part feature."""
   config = _config("ste")
-  config.trainer.num_steps = 2
-  workdir = str(tmp_path / "run")
-  trainer.run(config, workdir)
+  workdir = os.path.join(two_stage_one_device_run.workdir, "ste")
   masks = loading.load_trained_part_model(workdir)
   model, params, _ = loading.build_backbone(
       config_lib.backbone(checkpoint=workdir, image_size=config.data.image_size))

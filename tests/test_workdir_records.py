@@ -5,7 +5,9 @@ trained sub-run loads (`loading.load_trained_part_model`), the probe reads one's
 (`masks.source=stage1`), `export_part_maps` exports one's part maps, and no file under the
 workdir names where it was written (the old location, the staging folder).
 
-One run per fixture, shared by the assertions: the runs are the expensive part.
+One run per fixture, shared by the assertions: the runs are the expensive part. The moved runs
+are tests/test_demo.py's and tests/test_table3.py's (tests/shared_runs.py: each is written in
+one folder and moved to another before any test reads it).
 """
 
 import json
@@ -58,23 +60,16 @@ def _files_naming(path, *texts):
           if f.name != ORBAX_MARKER and any(n in f.read_bytes() for n in needles)]
 
 
-def _moved(tmp_path_factory, name, config):
-  """A run of `config` into a fresh local folder, then `mv`-ed: (new path, old path)."""
-  base = tmp_path_factory.mktemp(name)
-  written, moved = base / "written", base / "moved"
-  _main([f"--config={ROOT}/configs/{config}", f"--workdir={written}"], cwd=base)
-  shutil.move(os.fspath(written), os.fspath(moved))
-  return os.fspath(moved), os.fspath(written)
+@pytest.fixture
+def moved_demo(tiny_demo_run):
+  """The tiny demo run (tests/shared_runs.py), written in one folder and moved: (new, old)."""
+  return tiny_demo_run.workdir, tiny_demo_run.written
 
 
-@pytest.fixture(scope="session")
-def moved_demo(tmp_path_factory):
-  return _moved(tmp_path_factory, "demo", "demo.py:tiny")
-
-
-@pytest.fixture(scope="session")
-def moved_table3(tmp_path_factory):
-  return _moved(tmp_path_factory, "table3", "synthetic_table3.py:small")
+@pytest.fixture
+def moved_table3(small_table3_run):
+  """The small Table-3 job (tests/shared_runs.py), written in one folder and moved: (new, old)."""
+  return small_table3_run.workdir, small_table3_run.written
 
 
 @pytest.fixture(scope="module")  # Module: the emulator's variables leave os.environ after it.
