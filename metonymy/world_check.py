@@ -118,15 +118,14 @@ def _features(extractors, params, examples, transforms, part_ids_of, batch_size=
   return {name: np.concatenate(chunks) for name, chunks in out.items()}
 
 
-def mechanism(model, params, vit_config, data_cfg, train, test, latents_train, latents_test,
+def mechanism(model, params, vit_config, transforms, train, test, latents_train, latents_test,
               num_parts: int, seed: int) -> Dict:
-  """Probe accuracy [masking][region][attribute] -> per-part list and mean; see the docstring."""
+  """Probe accuracy [masking][region][attribute] -> per-part list and mean; see the docstring.
+  `transforms`: the backbone's evaluation transforms (benchmark.eval_transforms)."""
   from sklearn import linear_model
   from sklearn import preprocessing
-  from metonymy.probe import benchmark
   from metonymy.probe import features as features_lib
   from metonymy.probe import masks
-  transforms = benchmark.eval_transforms(vit_config, data_cfg)
   extractors = features_lib.make_extractors(model, num_parts)
   patch = vit_config.patch_size
 
@@ -204,6 +203,8 @@ def check(config, *, backbone: str = "", split: str = "val", train_images: int =
           images: int = 500, seed: int = 0) -> Dict:
   """Every number of the module docstring, as a dict."""
   from metonymy.data import synthetic
+  from metonymy.probe import benchmark
+  from metonymy.probe import pretrain
   from metonymy.runs import references
   from metonymy.runs import subjobs
   if split == "test":
@@ -231,24 +232,16 @@ def check(config, *, backbone: str = "", split: str = "val", train_images: int =
   else:
     model, params, arch, described = found
     out["backbone"] = described
-    probe_data = subjobs.with_world(config.benchmark, config.world).data
+    transforms = benchmark.eval_transforms(
+        arch, subjobs.with_world(config.benchmark, config.world).data)
     out["mechanism"] = mechanism(
-        model, params, arch, probe_data, train, test,
+        model, params, arch, transforms, train, test,
         [train_source.latents(i) for i in range(len(train))],
         [test_source.latents(i) for i in range(len(test))], num_parts, seed)
-    out["part_legibility"] = part_legibility(model, params, arch, probe_data, test_source,
-                                             images, seed)
+    # Its own fit / score split of the checked split's images: nothing of train.
+    out["part_legibility"] = pretrain.part_legibility(model, params, test_source, transforms,
+                                                      images=images, seed=seed)
   return out
-
-
-def part_legibility(model, params, vit_config, data_cfg, source, images: int,
-                    seed: int) -> Optional[Dict]:
-  """`pretrain.part_legibility` of the backbone on `images` examples of `source` (its own
-  fit / score split of those images; nothing of train)."""
-  from metonymy.probe import benchmark
-  from metonymy.probe import pretrain
-  transforms = benchmark.eval_transforms(vit_config, data_cfg)
-  return pretrain.part_legibility(model, params, source, transforms, images=images, seed=seed)
 
 
 def format_report(out: Dict) -> str:
