@@ -11,7 +11,11 @@ import tempfile
 
 import jax
 
-DIRECTORY = os.path.join(tempfile.gettempdir(), f"metonymy-test-jax-cache-{getpass.getuser()}")
+# METONYMY_TEST_JAX_CACHE names another folder: an empty one measures the suite as a fresh clone
+# (or CI) runs it, cold, without touching the cache other runs on this machine share.
+DIRECTORY = os.environ.get(
+    "METONYMY_TEST_JAX_CACHE",
+    os.path.join(tempfile.gettempdir(), f"metonymy-test-jax-cache-{getpass.getuser()}"))
 ENV = {"JAX_COMPILATION_CACHE_DIR": DIRECTORY,
        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
 
