@@ -23,6 +23,9 @@ jax.config.update("jax_default_matmul_precision", "highest")
 # executable, so no result changes.
 compile_cache.enable()
 os.environ.update(compile_cache.ENV)
+# Before any backend starts (JAX reads XLA_FLAGS then); the caller's own flags are kept.
+os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS"),
+                                                 compile_cache.XLA_FLAGS]))
 
 
 # ------------------------------------------------------------------------------------------------

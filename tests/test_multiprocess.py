@@ -77,7 +77,7 @@ def _launch(workdir: str, num_processes: int, num_steps: int, checkpoint_every: 
   """Runs the script in `num_processes` processes of one job; returns process 0's stdout."""
   port = _free_port()
   env = dict(os.environ, JAX_NUM_CPU_DEVICES="1", JAX_PLATFORMS="cpu", **compile_cache.ENV)
-  env.pop("XLA_FLAGS", None)
+  env["XLA_FLAGS"] = compile_cache.XLA_FLAGS
   procs = [subprocess.Popen(
       [sys.executable, "-c", _SCRIPT.format(root=ROOT, port=port, num_processes=num_processes,
                                             process_id=i, num_steps=num_steps,
@@ -175,7 +175,7 @@ def test_single_host_jobs_refuse_several_processes(tmp_path):
     env = dict(os.environ, JAX_NUM_CPU_DEVICES="1", JAX_PLATFORMS="cpu",
                METONYMY_COORDINATOR=f"127.0.0.1:{port}", METONYMY_NUM_PROCESSES="2",
                METONYMY_PROCESS_ID=str(i))
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = compile_cache.XLA_FLAGS
     procs.append(subprocess.Popen(
         [sys.executable, "-m", "metonymy.main", "--config=configs/probe_synthetic.py:tiny",
          f"--workdir={tmp_path}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,

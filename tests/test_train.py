@@ -322,7 +322,7 @@ print("RESULT " + json.dumps(results))
 @pytest.mark.slow
 def test_eight_devices_give_the_one_device_trajectory(reference, tmp_path):
   env = dict(os.environ, JAX_NUM_CPU_DEVICES="8", **compile_cache.ENV)
-  env.pop("XLA_FLAGS", None)
+  env["XLA_FLAGS"] = compile_cache.XLA_FLAGS
   script = _EIGHT_DEVICES.format(root=ROOT, workdir=str(tmp_path))
   proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True,
                         text=True, timeout=600)
