@@ -98,6 +98,7 @@ def test_options():
     bench_options.make_options(sections=("nope",))
 
 
+@pytest.mark.slow
 def test_dropping_the_background_cuts_two_stage_flops():
   options = bench_options.make_options(quick=True, sections=("two_stage",),
                                        two_stage_masks=("hard",), fg_fractions=(0.25,),

@@ -37,6 +37,7 @@ def _apply(config, params, images, part_ids, **kwargs):
 
 
 @pytest.mark.parametrize("name", ["rope_no_k_bias", "clip_like"])
+@pytest.mark.slow
 def test_sorted_layout_and_tiles_equal_the_natural_layout(name):
   model, params, images, part_ids = _setup(name)
   natural = _apply(model.config, params, images, part_ids)
@@ -50,6 +51,7 @@ def test_sorted_layout_and_tiles_equal_the_natural_layout(name):
 
 @pytest.mark.parametrize("name,tiles", [("rope_no_k_bias", 0), ("clip_like", 0),
                                         ("registers_layerscale", 8)])
+@pytest.mark.slow
 def test_dropping_the_background_leaves_the_foreground_bit_identical(name, tiles):
   model, params, images, _ = _setup(name, batch=3)
   for fraction in (0.1, 0.4, 1.0):  # small, middle and full capacity buckets
@@ -72,6 +74,7 @@ def test_dropping_the_background_leaves_the_foreground_bit_identical(name, tiles
 
 @pytest.mark.parametrize("options", [{"attention_tiles": 8, "drop_background": True},
                                      {"token_order": "sorted"}])
+@pytest.mark.slow
 def test_outside_pixels_leave_part_tokens_bit_identical_in_the_fast_paths(options):
   model, params, images, part_ids = _setup("rope_no_k_bias")
   reference = _apply(model.config, params, images, part_ids, **dict(options))

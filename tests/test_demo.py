@@ -187,6 +187,7 @@ def test_priors_of_the_truth_by_hand():
   assert got["entropy"] == 0.0
 
 
+@pytest.mark.slow
 def test_attention_weights_are_the_models_and_respect_the_block_mask():
   """The weights are those the ViT sows (tests/test_vit_masking.py checks them against the
   forward); here, that explore reads the right block's, in the layout the notebook expects."""

@@ -66,6 +66,7 @@ def _copy(run, tmp_path):
   return workdir
 
 
+@pytest.mark.slow
 def test_a_non_finite_update_is_never_saved_and_a_saved_one_is_refused(tmp_path, monkeypatch,
                                                                         capsys,
                                                                         trained_four_steps_run):
@@ -119,6 +120,7 @@ def _metric_steps(workdir):
     return [r["step"] for r in map(json.loads, f) if "loss" in r]
 
 
+@pytest.mark.slow
 def test_a_truncated_file_in_the_newest_checkpoint_falls_back_to_the_previous(
     tmp_path, capsys, trained_four_steps_run):
   workdir = _copy(trained_four_steps_run, tmp_path)
@@ -141,6 +143,7 @@ def test_a_truncated_file_in_the_newest_checkpoint_falls_back_to_the_previous(
   assert os.path.getsize(kept) == 100  # Left for inspection, untouched.
 
 
+@pytest.mark.slow
 def test_no_readable_checkpoint_is_an_error_that_moves_nothing(tmp_path):
   workdir = str(tmp_path / "run")
   trainer.run(_config(2), workdir)

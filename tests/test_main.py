@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from metonymy import config_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,6 +43,7 @@ def test_an_unknown_override_or_arg_fails_naming_it():
   assert "FATAL" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_a_missing_input_is_one_error_line_and_leaves_the_workdir_untouched(tmp_path):
   """A data root or checkpoint that is not there fails before the workdir is claimed: one
   `error:` line naming the key and the file, no traceback, no config.json, no lock."""

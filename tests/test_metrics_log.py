@@ -85,6 +85,7 @@ def test_a_resume_on_gs_trims_the_killed_runs_records_once(gcs, monkeypatch):
   assert files.metric_chunks() == [] and list(files.metric_records("loss")) == [1]
 
 
+@pytest.mark.slow
 def test_the_bytes_a_run_uploads_grow_with_its_length_not_its_square(gcs, monkeypatch):
   uploaded = {}
   for steps in (100, 200):

@@ -35,8 +35,8 @@ def _prototypes(params):
   return params["stage1"]["prototypes"] if "stage1" in params else params["prototypes"]
 
 
-@pytest.mark.parametrize("name", ["synthetic_single",
-                                  pytest.param("synthetic_ste", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["synthetic_single", "synthetic_ste"])
 def test_each_term_norm_is_that_terms_own_gradient_at_the_prototypes(name):
   model, params, frozen, batch, rng, loss_config = _setup(name)
   norms = jax.jit(lambda p: objective.term_gradient_norms(model, p, frozen, batch, rng,

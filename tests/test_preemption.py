@@ -76,6 +76,7 @@ def _assert_same_state(workdir, reference, step):
 # In one process: a signal raised at a known step.
 
 
+@pytest.mark.slow
 def test_a_signal_saves_the_next_step_raises_preempted_and_the_rerun_matches(tmp_path,
                                                                              monkeypatch):
   reference, workdir = str(tmp_path / "reference"), str(tmp_path / "preempted")
@@ -109,6 +110,7 @@ def test_a_signal_saves_the_next_step_raises_preempted_and_the_rerun_matches(tmp
   assert test_faults._metric_steps(workdir) == list(range(1, 9))
 
 
+@pytest.mark.slow
 def test_checkpoint_every_minutes_saves_by_the_clock(tmp_path):
   # Due at every step: a save resets the clock, so the next wish is the step after the save's.
   workdir = str(tmp_path / "timed")

@@ -61,6 +61,7 @@ def test_part_head_reads_each_attribute_from_its_own_parts_pooling():
   assert float(after[0, 2] - before[0, 2]) > 4.0
 
 
+@pytest.mark.slow
 def test_short_pretraining_learns_above_chance(tmp_path):
   """A few hundred steps on the small world already beat the constant predictor on `val`."""
   from metonymy.data import synthetic
@@ -172,6 +173,7 @@ def test_part_legibility_reads_parts_from_part_features_and_nothing_from_noise()
   assert pretrain.part_legibility(model, {}, source, oracle, images=1) is None
 
 
+@pytest.mark.slow
 def test_affine_augmentation_moves_each_image_by_its_own_similarity(monkeypatch):
   images = jax.random.normal(jax.random.PRNGKey(0), (3, 16, 16, 3))
   # Zero ranges: the identity (bilinear sampling at the pixel centres reads them exactly).

@@ -252,6 +252,7 @@ def test_probes_match_sklearn_logistic_regression():
       np.testing.assert_allclose(logits[:, part, attr], ref, atol=2e-3 * np.abs(ref).max())
 
 
+@pytest.mark.slow
 def test_probe_parts_are_independent_and_weight_decay_is_chosen_on_val():
   rng = np.random.default_rng(1)
   x = rng.standard_normal((300, 3, 8)).astype(np.float32)

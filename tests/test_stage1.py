@@ -83,6 +83,7 @@ def test_gumbel_noise_only_in_training(setup):
     model.apply(params, frozen, images, train=True)
 
 
+@pytest.mark.slow
 def test_backbone_is_frozen_and_outside_the_trainable_tree(setup):
   model, frozen, params, images = setup
   batch = {"image": images, "attributes": jnp.ones((2, A)), "attribute_valid": jnp.ones((2, A), bool)}
@@ -97,6 +98,7 @@ def test_backbone_is_frozen_and_outside_the_trainable_tree(setup):
   assert set(jax.tree_util.tree_leaves(groups["norm"]) + jax.tree_util.tree_leaves(groups["head"])) == {"heads"}
 
 
+@pytest.mark.slow
 def test_objective_terms_and_zero_weights(setup):
   model, frozen, params, images = setup
   batch = {"image": images, "attributes": jnp.ones((2, A)), "attribute_valid": jnp.ones((2, A), bool)}

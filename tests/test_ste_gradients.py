@@ -50,6 +50,7 @@ def _attention(config, variant, params, x, probs, rope):
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.slow
 def test_ste_forward_is_hard_and_gradient_is_soft_in_every_layer(name):
   config = VARIANTS[name]
   layers, x, probs, rope = _layer_inputs(config)

@@ -214,6 +214,7 @@ def test_part_masks_from_a_trained_workdir(reference):
     loading.load_trained_part_model(workdir, step=5)
 
 
+@pytest.mark.slow
 def test_resume_after_a_kill_is_bit_exact(reference, tmp_path, monkeypatch):
   workdir = str(tmp_path)
   real = sharding.global_batch
@@ -279,6 +280,7 @@ def test_resume_after_sigkill_is_bit_exact(reference, tmp_path):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(reference, tmp_path,
                                                                    monkeypatch):
   workdir = str(tmp_path / "run")
@@ -354,6 +356,7 @@ def test_main_command_runs_end_to_end(tmp_path):
     assert os.path.exists(tmp_path / name), name
 
 
+@pytest.mark.slow
 def test_the_run_seed_seeds_the_run(tmp_path):
   """config.seed seeds the run (prototype init, Gumbel noise, data order and augmentation): the
   same seed gives the same numbers, another seed other numbers; the world (its own seed) is the

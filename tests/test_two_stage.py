@@ -51,6 +51,7 @@ def _outside(probs, k):
 
 @pytest.mark.parametrize("mask,hard_gradient", [("hard", "selected"), ("hard", "none"),
                                                ("ste", "selected")])
+@pytest.mark.slow
 def test_other_parts_pixels_leave_part_features_and_scores_bit_identical(mask, hard_gradient):
   # train=True: hard masks' "selected" gradient path is the one that runs.
   module, params, images, probs = _stage2_setup(mask, hard_gradient=hard_gradient)
@@ -145,6 +146,7 @@ def _stage2_map_gradient(module, params, images, probs, labels):
 
 
 @pytest.mark.parametrize("tiles", [0, 8])
+@pytest.mark.slow
 def test_hard_gradient_reaches_the_selected_part_of_each_patch_only(tiles):
   """Appendix F: with hard masks the gradient flows through the selected tokens only. The
   attended layout (natural, or sorted and tiled) does not change that."""
@@ -167,6 +169,7 @@ def test_hard_gradient_reaches_the_selected_part_of_each_patch_only(tiles):
     ("hard", "layer", "none", False), ("hard", "layer", "selected", True),
     ("soft", "layer", "selected", True), ("ste", "layer", "selected", True),
     ("ste", "stream", "selected", True)])
+@pytest.mark.slow
 def test_stage2_gradient_reaches_stage1_unless_hard_masks_send_none(mask, scope, hard_gradient,
                                                                      flows):
   model, params, frozen, images = _two_stage_model(mask, scope, hard_gradient)
@@ -357,6 +360,7 @@ def test_ste_resume_after_a_kill_is_bit_exact(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("mask", two_stage.MASKS)
+@pytest.mark.slow
 def test_both_arms_start_stage1_from_the_same_parameters(mask):
   """A single- vs two-stage comparison differs in Stage 2 alone: the same `init(rng)` gives both
   models' Stage 1 the same parameters (the configs and builder the trainer uses)."""

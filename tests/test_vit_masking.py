@@ -65,6 +65,7 @@ def test_outside_pixels_leave_part_tokens_bit_identical(name):
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.slow
 def test_single_part_equals_plain_forward(name):
   model, params, images, part_ids = _setup(name)
   plain = model.apply({"params": params}, images)
@@ -77,6 +78,7 @@ def test_single_part_equals_plain_forward(name):
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.slow
 def test_masked_run_equals_each_group_on_its_own(name):
   model, params, images, part_ids = _setup(name, batch=1)
   early = model.apply({"params": params}, images, part_ids=part_ids, num_parts=NUM_PARTS)
@@ -154,6 +156,7 @@ def test_bad_part_ids_are_rejected():
 
 
 @pytest.mark.parametrize("name", ["dino_like", "rope_no_k_bias"])
+@pytest.mark.slow
 def test_straight_through_forward_is_hard_and_gradient_is_soft(name):
   """STE: SG(H_hard) + H_soft - SG(H_soft) per layer; forward bit-identical to hard masking."""
   model, params, images, part_ids = _setup(name)

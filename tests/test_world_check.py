@@ -72,6 +72,7 @@ def test_the_mechanism_probes_run_on_a_given_backbone(tmp_path):
   assert "part legibility" in report
 
 
+@pytest.mark.slow
 def test_the_data_command_runs_the_world_check(tmp_path):
   import json
   import subprocess
