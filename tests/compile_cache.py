@@ -12,8 +12,8 @@ less optimised machine code (its floats can differ in the last bits from an opti
 Measured cold on 2 cores (a 4-step two-stage STE run of configs/demo.py, as the Colab notebook
 trains it): CPU time 70 s at XLA's default level 3, 34 s at level 1. Not level 0 (what
 `jax_disable_most_optimizations` sets, 60 s): that run's gradients turn NaN at step 2 there, the
-one failure level 0 gave in the whole suite. The suite's bit-for-bit comparisons (resumed vs uninterrupted, 1 vs 8 devices,
-in-process vs subprocess) compare runs made under the same flags.
+one failure level 0 gave in the whole suite. The suite's bit-for-bit comparisons (resumed vs
+uninterrupted, 1 vs 8 devices, in-process vs subprocess) compare runs made under the same flags.
 """
 
 import getpass
