@@ -40,6 +40,19 @@ def test_clu_periodic_actions_import_without_tensorflow():
   subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
 
 
+def test_the_tensorboard_writer_starts_without_importing_torch(tmp_path):
+  """Every training process makes a MetricWriter: torch's import would cost each 1-2 s. Torch
+  stays importable afterwards (the checkpoint converters need it)."""
+  code = ("import sys; from metonymy.training import writers; "
+          f"w = writers.MetricWriter({str(tmp_path)!r}); w.write_scalars(1, {{'loss': 0.5}}); "
+          "assert 'torch' not in sys.modules, 'torch was imported'; "
+          "import torch; torch.zeros(1)")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert os.listdir(tmp_path / "tensorboard")
+
+
 def test_a_training_run_shows_its_curves_images_and_config_in_tensorboard(tmp_path):
   """The event files a short run writes, read back with tensorboard's own reader."""
   from metonymy import config_lib

@@ -125,6 +125,27 @@ def _records_up_to(lines: List[str], step: int) -> List[str]:
   return kept
 
 
+def _summary_writer_class():
+  """tensorboardX's SummaryWriter, imported without PyTorch.
+
+  tensorboardX imports torch, where it is installed, only to accept torch tensors. Everything
+  logged here is a number or a numpy array, and importing torch costs a process 1-2 s of CPU, as
+  much as a short run's training. A process that already has torch keeps it.
+  """
+  hide_torch = "torch" not in sys.modules
+  if hide_torch:
+    sys.modules["torch"] = None  # `import torch` raises ImportError while this entry is there.
+  try:
+    from tensorboardX import SummaryWriter
+  except ImportError as e:
+    raise ImportError("The trainer writes TensorBoard files with tensorboardX: "
+                      "pip install tensorboardX (it is in requirements.txt).") from e
+  finally:
+    if hide_torch:
+      del sys.modules["torch"]
+  return SummaryWriter
+
+
 class MetricWriter:
 
   def __init__(self, workdir, enabled: bool = True):
@@ -136,12 +157,7 @@ class MetricWriter:
       return
     self.files.images.mkdir(parents=True, exist_ok=True)
     self._jsonl = MetricsLog(self.files)
-    try:
-      from tensorboardX import SummaryWriter
-    except ImportError as e:
-      raise ImportError("The trainer writes TensorBoard files with tensorboardX: "
-                        "pip install tensorboardX (it is in requirements.txt).") from e
-    self._tb = SummaryWriter(os.fspath(self.files.tensorboard))
+    self._tb = _summary_writer_class()(os.fspath(self.files.tensorboard))
 
   def write_scalars(self, step: int, scalars: Dict[str, float]) -> None:
     if not self.enabled:
