@@ -30,10 +30,17 @@ DIRECTORY = os.environ.get(
 ENV = {"JAX_COMPILATION_CACHE_DIR": DIRECTORY,
        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
 # Read when JAX first starts its backend: tests/conftest.py adds them to XLA_FLAGS before that,
-# for itself and every process a test starts. A test that starts processes with devices of their
-# own (JAX_NUM_CPU_DEVICES) sets XLA_FLAGS to exactly these, dropping any device flags of the
-# caller's.
+# for itself and every process a test starts (process_env for processes with devices of their
+# own).
 XLA_FLAGS = "--xla_backend_optimization_level=1 --xla_llvm_disable_expensive_passes=true"
+
+
+def process_env(num_cpu_devices: int, **extra: str) -> dict:
+  """The environment of a process a test starts with `num_cpu_devices` CPU devices of its own:
+  this one's (the cache included), with XLA_FLAGS exactly XLA_FLAGS, so no device flag of the
+  caller's reaches it."""
+  return dict(os.environ, JAX_NUM_CPU_DEVICES=str(num_cpu_devices), **extra,
+              XLA_FLAGS=XLA_FLAGS)
 
 
 def enable() -> None:

@@ -64,9 +64,10 @@ def _shared(make):
 tiny_demo_run = _shared(shared_runs.tiny_demo)
 small_table3_run = _shared(shared_runs.small_table3)
 synthetic_single_run = _shared(shared_runs.synthetic_single)
+train_reference_run = _shared(shared_runs.train_reference)
 trained_four_steps_run = _shared(shared_runs.trained_four_steps)
 two_stage_one_device_run = _shared(shared_runs.two_stage_one_device)
-SHARED_RUNS = ("tiny_demo_run", "small_table3_run", "synthetic_single_run",
+SHARED_RUNS = ("tiny_demo_run", "small_table3_run", "synthetic_single_run", "train_reference_run",
                "trained_four_steps_run", "two_stage_one_device_run")
 
 

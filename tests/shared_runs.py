@@ -38,6 +38,12 @@ class Run:
 
 
 @dataclasses.dataclass(frozen=True)
+class TrainedRun:
+  workdir: str
+  scalars: Dict[str, float]  # What trainer.run returned: the last evaluation's scalars.
+
+
+@dataclasses.dataclass(frozen=True)
 class MovedRun:
   workdir: str  # Where the job's files are now.
   written: str  # Where the job wrote them (gone: moved to `workdir`).
@@ -95,6 +101,16 @@ def synthetic_single(base) -> Run:
       cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
   return Run(workdir)
+
+
+def train_reference(base) -> TrainedRun:
+  """tests/test_train.py's config trained for its STEPS steps, uninterrupted, in this process
+  (checkpoints every 10 steps): what its killed, resumed and 8-device runs must reproduce."""
+  from metonymy.training import trainer
+  from tests import test_train
+  workdir = os.path.join(base, "run")
+  config = test_train._config()  # pylint: disable=protected-access
+  return TrainedRun(workdir, trainer.run(config, workdir))
 
 
 def trained_four_steps(base) -> Run:

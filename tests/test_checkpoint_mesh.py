@@ -29,8 +29,7 @@ MIN_SIZE = 64  # config.mesh.fsdp_min_size for both tests: small arrays get spli
 
 
 def _run_on_eight_devices(script, *args, timeout=600):
-  env = dict(os.environ, JAX_NUM_CPU_DEVICES="8", **compile_cache.ENV)
-  env["XLA_FLAGS"] = compile_cache.XLA_FLAGS
+  env = compile_cache.process_env(8)
   proc = subprocess.run([sys.executable, "-c", script, ROOT, *map(str, args)], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=timeout)
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -76,8 +76,7 @@ def _launch(workdir: str, num_processes: int, num_steps: int, checkpoint_every: 
             stop_at_batch: int = 0):
   """Runs the script in `num_processes` processes of one job; returns process 0's stdout."""
   port = _free_port()
-  env = dict(os.environ, JAX_NUM_CPU_DEVICES="1", JAX_PLATFORMS="cpu", **compile_cache.ENV)
-  env["XLA_FLAGS"] = compile_cache.XLA_FLAGS
+  env = compile_cache.process_env(1, JAX_PLATFORMS="cpu")
   procs = [subprocess.Popen(
       [sys.executable, "-c", _SCRIPT.format(root=ROOT, port=port, num_processes=num_processes,
                                             process_id=i, num_steps=num_steps,
@@ -172,10 +171,9 @@ def test_single_host_jobs_refuse_several_processes(tmp_path):
   port = _free_port()
   procs = []
   for i in range(2):
-    env = dict(os.environ, JAX_NUM_CPU_DEVICES="1", JAX_PLATFORMS="cpu",
-               METONYMY_COORDINATOR=f"127.0.0.1:{port}", METONYMY_NUM_PROCESSES="2",
-               METONYMY_PROCESS_ID=str(i))
-    env["XLA_FLAGS"] = compile_cache.XLA_FLAGS
+    env = compile_cache.process_env(1, JAX_PLATFORMS="cpu",
+                                    METONYMY_COORDINATOR=f"127.0.0.1:{port}",
+                                    METONYMY_NUM_PROCESSES="2", METONYMY_PROCESS_ID=str(i))
     procs.append(subprocess.Popen(
         [sys.executable, "-m", "metonymy.main", "--config=configs/probe_synthetic.py:tiny",
          f"--workdir={tmp_path}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,

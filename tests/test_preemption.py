@@ -282,10 +282,9 @@ def _start_two(workdir, minutes_on_process_1=0.0):
   alone then asks for time-based saves, which both processes must still make together)."""
   port, procs = _free_port(), []
   for i in (0, 1):
-    env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_NUM_CPU_DEVICES="1", JAX_PLATFORMS="cpu",
-               METONYMY_COORDINATOR=f"127.0.0.1:{port}", METONYMY_NUM_PROCESSES="2",
-               METONYMY_PROCESS_ID=str(i), **compile_cache.ENV)
-    env["XLA_FLAGS"] = compile_cache.XLA_FLAGS
+    env = compile_cache.process_env(1, PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu",
+                                    METONYMY_COORDINATOR=f"127.0.0.1:{port}",
+                                    METONYMY_NUM_PROCESSES="2", METONYMY_PROCESS_ID=str(i))
     extra = [f"--config.trainer.checkpoint_every_minutes={minutes_on_process_1 if i else 0.0}"]
     procs.append(subprocess.Popen(
         [sys.executable, "-m", "metonymy.main", "--config=configs/synthetic_single.py:runlocal",

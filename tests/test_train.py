@@ -64,12 +64,11 @@ def _params(workdir, step=None):
   return loading.load_trained_part_model(workdir, step).params
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-  """An uninterrupted 30-step run and its last evaluation."""
-  workdir = str(tmp_path_factory.mktemp("reference"))
-  scalars = trainer.run(_config(), workdir)
-  return workdir, scalars
+@pytest.fixture
+def reference(train_reference_run):
+  """An uninterrupted STEPS-step run's workdir and its last evaluation (made once per pytest
+  command: tests/shared_runs.py)."""
+  return train_reference_run.workdir, train_reference_run.scalars
 
 
 def test_short_run_lowers_the_loss_and_writes_everything(reference):
@@ -323,8 +322,7 @@ print("RESULT " + json.dumps(results))
 
 @pytest.mark.slow
 def test_eight_devices_give_the_one_device_trajectory(reference, tmp_path):
-  env = dict(os.environ, JAX_NUM_CPU_DEVICES="8", **compile_cache.ENV)
-  env["XLA_FLAGS"] = compile_cache.XLA_FLAGS
+  env = compile_cache.process_env(8)
   script = _EIGHT_DEVICES.format(root=ROOT, workdir=str(tmp_path))
   proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True,
                         text=True, timeout=600)

@@ -276,8 +276,7 @@ def test_training_steps_match_on_one_and_eight_devices(tmp_path, two_stage_one_d
   # The one-device runs: tests/shared_runs.py (the benchmark test below reads one too).
   one = {mask: _step_losses(os.path.join(two_stage_one_device_run.workdir, mask))
          for mask in ("soft", "hard", "ste")}
-  env = dict(os.environ, JAX_NUM_CPU_DEVICES="8", **compile_cache.ENV)
-  env["XLA_FLAGS"] = compile_cache.XLA_FLAGS
+  env = compile_cache.process_env(8)
   proc = subprocess.run([sys.executable, "-c", _EIGHT_DEVICES.format(root=ROOT,
                                                                      workdir=str(tmp_path))],
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

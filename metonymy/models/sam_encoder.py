@@ -402,6 +402,10 @@ def init_params(config: SamEncoderConfig, rng: Optional[jax.Array] = None,
   return model, jax.tree_util.tree_map_with_path(add_noise, params)
 
 
+# Cached (the configs are frozen dataclasses): every load of a converted folder checks it against
+# these, and tracing the model's init for them costs a fraction of a second each time. Callers
+# must not change the returned tree.
+@functools.lru_cache(maxsize=32)
 def param_shapes(config: SamEncoderConfig, image_size: Optional[int] = None):
   """The parameter tree of `config` as ShapeDtypeStructs, without allocating anything."""
   size = image_size or config.patch_size * 2

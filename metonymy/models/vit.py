@@ -14,6 +14,7 @@ checkpoint's own code does it (`pos_embed.py`).
 """
 
 import dataclasses
+import functools
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import flax.linen as nn
@@ -554,6 +555,10 @@ def init_params(config: ViTConfig, rng: Optional[jax.Array] = None, image_size: 
   return model, jax.jit(model.init)(rng, jnp.zeros((1, size, size, 3), jnp.float32))["params"]
 
 
+# Cached (the configs are frozen dataclasses): every load of a converted folder checks it against
+# these, and tracing the model's init for them costs a fraction of a second each time. Callers
+# must not change the returned tree.
+@functools.lru_cache(maxsize=32)
 def param_shapes(config: ViTConfig, image_size: Optional[int] = None):
   """The parameter tree of `config` as ShapeDtypeStructs, without allocating anything."""
   size = image_size or config.image_size
