@@ -40,13 +40,17 @@ def test_clu_periodic_actions_import_without_tensorflow():
   subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
 
 
-def test_the_tensorboard_writer_starts_without_importing_torch(tmp_path):
-  """Every training process makes a MetricWriter: torch's import would cost each 1-2 s. Torch
-  stays importable afterwards (the checkpoint converters need it)."""
-  code = ("import sys; from metonymy.training import writers; "
+def test_a_training_process_imports_neither_torch_nor_scikit_learn_before_it_needs_them(tmp_path):
+  """Each costs a process 1-2 s of CPU. Torch: the TensorBoard writer never needs it, and it stays
+  importable afterwards (the checkpoint converters need it). scikit-learn: only the position
+  baseline's k-means, fit at the first evaluation."""
+  code = ("import sys; import numpy as np; from metonymy.training import trainer, writers; "
+          "from metonymy.evaluation import position_baseline; "
           f"w = writers.MetricWriter({str(tmp_path)!r}); w.write_scalars(1, {{'loss': 0.5}}); "
           "assert 'torch' not in sys.modules, 'torch was imported'; "
-          "import torch; torch.zeros(1)")
+          "assert 'sklearn' not in sys.modules, 'sklearn was imported'; "
+          "position_baseline.fit(np.ones((1, 1, 2)), np.ones((1, 1), bool), (4, 4), 1); "
+          "assert 'sklearn' in sys.modules; import torch; torch.zeros(1)")
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
   assert proc.returncode == 0, proc.stderr[-2000:]

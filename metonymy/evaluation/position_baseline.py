@@ -15,9 +15,9 @@ import dataclasses
 from typing import Dict, Optional, Sequence
 
 import numpy as np
-from sklearn import cluster
 
 from metonymy.evaluation import part_metrics
+
 
 @dataclasses.dataclass(frozen=True)
 class PositionBaseline:
@@ -101,6 +101,8 @@ def fit(keypoints: np.ndarray, visible: np.ndarray, image_hw: Sequence[int], num
   points = normalise(keypoints, image_hw)[visible]
   if not len(points):
     return None
+  # Imported here: scikit-learn's import costs a process ~1 s, and most importers never fit.
+  from sklearn import cluster
   clusters = min(int(num_clusters), len(np.unique(points, axis=0)))
   kmeans = cluster.KMeans(n_clusters=clusters, n_init=10, random_state=int(seed)).fit(points)
   return PositionBaseline(centres=np.asarray(kmeans.cluster_centers_, np.float64),

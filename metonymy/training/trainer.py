@@ -183,10 +183,11 @@ def _train(config, workdir: Workdir, mesh) -> Dict[str, float]:
                                    vit_config.image_std, per_process, config.seed)
   eval_ds = inputs.eval_pipeline(eval_source, config.data, vit_config.image_mean,
                                  vit_config.image_std, config.data.eval_batch_size // jax.process_count())
-  # The chance row of the part metrics: where a keypoint lies, without the image.
-  position_baseline = inputs.position_baseline(
+  # The chance row of the part metrics: where a keypoint lies, without the image. Fit at the
+  # first evaluation, so a run that never evaluates (killed, refused) never loads scikit-learn.
+  position_baseline = functools.cache(lambda: inputs.position_baseline(
       train_source, config.data, model.num_parts,
-      config.trainer.get("position_baseline_examples", 0), seed=config.seed)
+      config.trainer.get("position_baseline_examples", 0), seed=config.seed))
   size = config.data.image_size
   images = jnp.zeros((1, size, size, 3), jnp.float32)
   rng_init, rng_train = jax.random.split(jax.random.PRNGKey(config.seed))
@@ -308,7 +309,7 @@ def _train(config, workdir: Workdir, mesh) -> Dict[str, float]:
                                num_images=config.trainer.eval_images,
                                keypoint_group=info.keypoint_group_ids or None,
                                keypoint_group_names=info.keypoint_groups or None,
-                               position_baseline=position_baseline,
+                               position_baseline=position_baseline(),
                                num_true_parts=len(info.part_names))
     scalars = {f"eval/{k}": v for k, v in result["scalars"].items()}
     writer.write_scalars(step, scalars)
