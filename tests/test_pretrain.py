@@ -89,6 +89,31 @@ def test_short_pretraining_learns_above_chance(tmp_path):
   jax.tree_util.tree_map(np.testing.assert_array_equal, heads2, trained.heads)
 
 
+def test_evaluating_along_the_way_sees_each_step_and_leaves_the_trajectory_alone():
+  from metonymy.data import synthetic
+  from metonymy.data import transforms
+  world = synthetic.SyntheticConfig(image_size=16, correlation=0.0, scale_range=(0.55, 0.7),
+                                    splits=(("train", 8),))
+  config = vit.get_config("vit_tiny_test").replace(patch_size=4, depth=1,
+                                                   pos_embed_grid=(4, 4), image_size=16)
+  model, params = vit.init_params(config, jax.random.PRNGKey(0))
+  standard = transforms.standard(16, train=False, mean=config.image_mean, std=config.image_std)
+  source = synthetic.make_source(None, "train", world)
+  seen = []
+
+  def evaluate(step, backbone, heads):
+    seen.append((step, jax.tree_util.tree_map(np.asarray, backbone)))
+
+  options = dict(steps=5, batch_size=4, images=8, progress=False)
+  watched = pretrain.pretrain(model, params, source, standard, evaluate=evaluate,
+                              evaluate_every=2, **options)
+  plain = pretrain.pretrain(model, params, source, standard, **options)
+  assert [step for step, _ in seen] == [2, 4]
+  assert not np.array_equal(seen[0][1]["pos_embed"], seen[1][1]["pos_embed"])
+  jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(watched.params),
+                         jax.device_get(plain.params))
+
+
 def test_a_stand_in_that_does_not_fit_its_architecture_is_refused(tmp_path):
   config = vit.get_config("vit_tiny_test")
   _, params = vit.init_params(config, jax.random.PRNGKey(0))
@@ -209,9 +234,18 @@ def test_a_warm_up_stage_comes_first_and_is_in_the_recipe():
   pre = config.backbone_pretraining
   assert (pre.warmup_steps, pre.steps) == (3, 7)
   assert pre.warmup_world.to_dict() == {"evidence_fraction": 1.0}
+  pre.evaluate_every = 3
   vit_config, trained, record = stand_in.pretrain_stand_in(config, config.world)
   assert [step for step, _ in record["warmup_loss_history"]][:1] == [1]
   assert record["recipe"]["pretraining"]["warmup_steps"] == 3
+  # The main stage's quality curve (the final weights are measured by the caller), on `val`.
+  assert [step for step, _ in record["quality_curve"]] == [3, 6]
+  assert all(q["cls/mAP"] is not None and "part_probe/balanced_accuracy" in q
+             for _, q in record["quality_curve"])
+  # Measuring along the way does not change what the stand-in is made by.
+  assert "evaluate_every" not in record["recipe"]["pretraining"]
+  config.backbone_pretraining.evaluate_every = 0
+  assert stand_in.stand_in_recipe(config, config.world) == record["recipe"]
   # Without the warm-up the recipe differs, so a stand-in made without it is never taken for it.
   plain = config_lib.load_sibling_config(CONFIG_FILE, "demo", "tiny,world=v2")
   del plain.backbone_pretraining["warmup_steps"]

@@ -36,7 +36,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from absl import logging
 from flax import traverse_util
@@ -153,9 +153,15 @@ def attribute_loss(logits: jnp.ndarray, labels: jnp.ndarray, valid: jnp.ndarray,
 def pretrain(model, params, source, transforms, *, steps: int, batch_size: int = 32,
              learning_rate: float = 1e-3, weight_decay: float = 0.05, images: int = 4000,
              loss: str = "group_softmax", augment: str = "flip", seed: int = 0,
-             progress: bool = True, heads: Optional[Dict] = None) -> Pretrained:
+             progress: bool = True, heads: Optional[Dict] = None,
+             evaluate: Optional[Callable[[int, Dict, Dict], None]] = None,
+             evaluate_every: int = 0) -> Pretrained:
   """Trains `params` of `model` (a VisionTransformer) on `images` examples of `source`; `heads`
-  continues the read-outs of an earlier stage (default: fresh ones, `init_heads`)."""
+  continues the read-outs of an earlier stage (default: fresh ones, `init_heads`).
+
+  `evaluate(step, params, heads)` is called after every `evaluate_every` steps before the last
+  (the caller measures the final weights): a quality curve, to tell whether a longer schedule
+  would still help. It reads the weights only, so the trajectory is the same without it."""
   if loss not in LOSSES:
     raise ValueError(f"backbone_pretraining.loss must be one of {LOSSES}, got {loss!r}")
   if augment not in AUGMENTATIONS:
@@ -207,6 +213,9 @@ def pretrain(model, params, source, transforms, *, steps: int, batch_size: int =
         bar.set_postfix(loss=f"{float(value):.4f}")
     if bar is not None:
       bar.update(1)
+    if evaluate is not None and evaluate_every > 0 and (i + 1) % evaluate_every == 0 \
+        and i + 1 < steps:
+      evaluate(i + 1, trainable[0], jax.device_get(trainable[1]))
   if bar is not None:
     bar.close()
   seconds = time.perf_counter() - start

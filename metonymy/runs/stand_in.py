@@ -26,6 +26,9 @@ from metonymy.workdir import layout
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
 BACKBONE_DIR = layout.BACKBONE_DIR  # DIR/backbone: a converted backbone folder
 STAND_IN_FILE = "stand_in"  # DIR/backbone/stand_in.{npz,json}: the heads and the record
+# backbone_pretraining keys that do not change the weights, so not part of the recipe: a shipped
+# stand-in made without them is still the one a config with them asks for.
+RECIPE_FREE_KEYS = ("shipped", "evaluate_every")
 
 
 def shipped_stand_in(config, world_seed: int) -> str:
@@ -53,7 +56,7 @@ def stand_in_recipe(config, world) -> Dict:
   """Everything the stand-in is a function of: architecture, init seed, pretraining options and
   the world its training images come from (the val/test sizes do not matter)."""
   pre = {k: v for k, v in config.backbone_pretraining.to_dict().items()
-         if k != "shipped"}
+         if k not in RECIPE_FREE_KEYS}
   world = world.to_dict() if hasattr(world, "to_dict") else dict(world)
   world = dict(world, splits={"train": int(dict(world["splits"])["train"])})
   return json.loads(json.dumps({"arch": config.backbone.arch.to_dict(), "preset":
@@ -84,12 +87,26 @@ def pretrain_stand_in(config, world):
     params, heads = warm.params, warm.heads
     record["warmup_loss_history"] = warm.loss_history
   source, transforms = _training_images(config, world, vit_config)
+  curve = []
+
+  def evaluate(step, params, heads):
+    quality = stand_in_quality(config, world, vit_config, params, heads)
+    curve.append([int(step), quality])
+    console.console(f"[demo] stand-in at step {step}: CLS-head mAP on val "
+                    f"{text.fmt(quality.get('cls/mAP'))}, part read-out "
+                    f"{text.fmt(quality.get('parts/mAP'))}, a patch's part "
+                    f"{text.fmt(quality.get('part_probe/balanced_accuracy'))}, k-means fg NMI "
+                    f"{text.fmt(quality.get('kmeans_fg/NMI'), 1)}")
+
   console.console(f"[demo] pretraining a ViT (patch {vit_config.patch_size}, width "
                   f"{vit_config.width}, depth {vit_config.depth}) at {vit_config.image_size} px "
                   f"for {int(pre.steps)} steps on {min(int(pre.images), len(source))} training "
                   "images")
   trained = pretrain.pretrain(model, params, source, transforms, seed=_seed(config),
-                              heads=heads, **options)
+                              heads=heads, evaluate=evaluate,
+                              evaluate_every=int(pre.get("evaluate_every", 0)), **options)
+  if curve:
+    record["quality_curve"] = curve
   record.update({"recipe": stand_in_recipe(config, world),
             "command": stand_in_command(config, world),
             "date": datetime.datetime.now().isoformat(timespec="seconds")})
