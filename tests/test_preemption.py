@@ -312,40 +312,6 @@ def _run_two(workdir):
   return out
 
 
-@pytest.mark.slow
-def test_two_processes_a_signal_to_one_saves_the_same_step_on_both(tmp_path):
-  reference = str(tmp_path / "reference")
-  _run_two(reference)
-
-  workdir = str(tmp_path / "preempted")
-  at = int(np.random.default_rng().integers(3, STEPS - 15))
-  procs, lines, other = _start_two(workdir, minutes_on_process_1=0.002)  # ~0.1 s: timed saves.
-  signalled, output = _signal_when(procs[0], lines, lambda step: step >= at, target=[procs[1]],
-                                   timeout=150)
-  time.sleep(1)  # The reader thread drains process 1's pipe.
-  other = "".join(other)
-  log = "".join(output)[-3000:] + "\n--- process 1 ---\n" + other[-3000:]
-  assert [p.returncode for p in procs] == [preemption.REQUEUE_EXIT_CODE] * 2, log
-  saved = _saved_step(output)  # Process 0's, which got no signal.
-  # The first SIGTERM and a repeated SIGUSR1 can both be pending when the main thread next runs
-  # Python code (blocked in a collective on a busy machine); CPython then runs the handlers in
-  # signal-number order, USR1 (10) before TERM (15). Either name says process 1 got the signal.
-  assert re.search(r"Process 1: Preempted \((SIGTERM|SIGUSR1)", other), log
-  assert f"saved at step {saved};" in other, log
-  steps = _steps(workdir)
-  assert steps[-1] == saved > signalled, (steps, log)
-  # Process 1's clock asked for saves; both processes made them (else the save would hang).
-  assert len(steps) >= 2, (steps, log)
-  data = sorted(os.listdir(os.path.join(run_state.directory(workdir), str(saved), "data")))
-  assert [f for f in data if f.startswith("process_")] == [
-      "process_0-of-2.json", "process_1-of-2.json"], data
-
-  out = _run_two(workdir)
-  assert f"Resumed from step {saved}" in out, out[-3000:]
-  _assert_same_state(workdir, reference, STEPS)
-  assert test_faults._metric_steps(workdir) == list(range(1, STEPS + 1))
-
-
 # ------------------------------------------------------------------------------------------------
 # The launch scripts requeue on the status, and only on it (srun, scontrol, gcloud faked).
 
@@ -409,8 +375,13 @@ case $n in 0) exit 75;; 1) exit 255;; *) exit 0;; esac""")
 
 
 @pytest.mark.slow
-def test_two_processes_sigterm_before_the_loop_is_jax_preemption_notice(tmp_path):
-  # Before the loop, SIGTERM is JAX's: its coordination service's notifier (installed by
+def test_two_processes_jax_notice_before_the_loop_then_a_signal_to_one_mid_run(tmp_path):
+  """One two-process job preempted twice, then finished: it ends where an uninterrupted one does.
+  (One job, not one per preemption: each two-process launch costs the suite ~25 s of CPU.)"""
+  reference = str(tmp_path / "reference")
+  _run_two(reference)
+
+  # 1. Before the loop, SIGTERM is JAX's: its coordination service's notifier (installed by
   # jax.distributed.initialize) takes it, and reached_preemption_sync_point stops both processes
   # at one step. Process 0 prints "Weight decay" after the collective model set-up, so process 1
   # is past jax.distributed.initialize by then.
@@ -426,6 +397,38 @@ def test_two_processes_sigterm_before_the_loop_is_jax_preemption_notice(tmp_path
   time.sleep(1)
   log = "".join(output)[-3000:] + "\n--- process 1 ---\n" + "".join(other)[-3000:]
   assert [p.returncode for p in procs] == [preemption.REQUEUE_EXIT_CODE] * 2, log
-  saved = _saved_step(output)
-  assert "JAX's preemption notice" in log and f"saved at step {saved};" in "".join(other), log
-  assert _steps(workdir) == [saved], log
+  first = _saved_step(output)
+  assert "JAX's preemption notice" in log and f"saved at step {first};" in "".join(other), log
+  assert _steps(workdir) == [first], log
+  assert first <= STEPS - 16, (first, log)  # Room for the second preemption below.
+
+  # 2. The rerun resumes there; mid-run a signal to process 1 alone, whose own clock also asks
+  # for timed saves, saves the same step on both processes.
+  at = first + int(np.random.default_rng().integers(3, STEPS - 12 - first))
+  procs, lines, other = _start_two(workdir, minutes_on_process_1=0.002)  # ~0.1 s: timed saves.
+  signalled, output = _signal_when(procs[0], lines, lambda step: step >= at, target=[procs[1]],
+                                   timeout=150)
+  time.sleep(1)  # The reader thread drains process 1's pipe.
+  other = "".join(other)
+  log = "".join(output)[-3000:] + "\n--- process 1 ---\n" + other[-3000:]
+  assert f"Resumed from step {first}" in "".join(output), log
+  assert [p.returncode for p in procs] == [preemption.REQUEUE_EXIT_CODE] * 2, log
+  saved = _saved_step(output)  # Process 0's, which got no signal.
+  # The first SIGTERM and a repeated SIGUSR1 can both be pending when the main thread next runs
+  # Python code (blocked in a collective on a busy machine); CPython then runs the handlers in
+  # signal-number order, USR1 (10) before TERM (15). Either name says process 1 got the signal.
+  assert re.search(r"Process 1: Preempted \((SIGTERM|SIGUSR1)", other), log
+  assert f"saved at step {saved};" in other, log
+  steps = _steps(workdir)
+  assert steps[-1] == saved > signalled, (steps, log)
+  # Process 1's clock asked for saves; both processes made them (else the save would hang).
+  assert len([s for s in steps if s > first]) >= 2, (steps, log)
+  data = sorted(os.listdir(os.path.join(run_state.directory(workdir), str(saved), "data")))
+  assert [f for f in data if f.startswith("process_")] == [
+      "process_0-of-2.json", "process_1-of-2.json"], data
+
+  # 3. The rerun finishes bit for bit where the uninterrupted job ended.
+  out = _run_two(workdir)
+  assert f"Resumed from step {saved}" in out, out[-3000:]
+  _assert_same_state(workdir, reference, STEPS)
+  assert test_faults._metric_steps(workdir) == list(range(1, STEPS + 1))
