@@ -37,6 +37,7 @@ DEMO_URL = "gs://records/demo"
 @dataclasses.dataclass(frozen=True)
 class Run:
   workdir: str
+  output: str = ""  # A `python -m metonymy.main` run's console output (stdout).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +117,7 @@ def synthetic_single(base) -> Run:
        "--config.trainer.keep_checkpoints=100"],
       cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-  return Run(workdir)
+  return Run(workdir, output=proc.stdout)
 
 
 def train_reference(base) -> TrainedRun:

@@ -23,6 +23,7 @@ from metonymy.training import trainer
 from metonymy.training import run_state
 from metonymy.training import sharding
 from tests import compile_cache
+from tests import shared_runs
 
 compile_cache.enable()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -342,16 +343,15 @@ def test_eight_devices_give_the_one_device_trajectory(reference, tmp_path):
 
 
 @pytest.mark.slow
-def test_main_command_runs_end_to_end(tmp_path):
-  env = dict(os.environ, **compile_cache.ENV)
-  proc = subprocess.run(
-      [sys.executable, "-m", "metonymy.main", "--config=configs/synthetic_single.py:runlocal",
-       f"--workdir={tmp_path}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  assert "step 4/4" in proc.stdout and "eval @ 4" in proc.stdout and "steps/s" in proc.stdout
+def test_main_command_runs_end_to_end(synthetic_single_run):
+  """`python -m metonymy.main --config=configs/synthetic_single.py:runlocal` (tests/shared_runs.py
+  runs it once for the suite) trains, evaluates, reports progress and writes its files."""
+  output, steps = synthetic_single_run.output, shared_runs.SYNTHETIC_SINGLE_STEPS
+  assert f"step {steps}/{steps}" in output and f"eval @ {steps}" in output, output[-3000:]
+  assert "steps/s" in output, output[-3000:]
   for name in ("config.json", "model.json", "metrics.jsonl", "tensorboard", "images",
                "checkpoints", "backbone"):
-    assert os.path.exists(tmp_path / name), name
+    assert os.path.exists(os.path.join(synthetic_single_run.workdir, name)), name
 
 
 @pytest.mark.slow
