@@ -31,7 +31,8 @@ SYNTHETIC_SINGLE_STEPS = 40
 # shows (tests/test_demo.py).
 TINY_DEMO_SEED = 3
 # Where the tiny demo is written (on the GCS emulator), before it is copied to local disk.
-DEMO_URL = "gs://records/demo"
+DEMO_BUCKET = "records"
+DEMO_URL = f"gs://{DEMO_BUCKET}/demo"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +50,7 @@ class TrainedRun:
 @dataclasses.dataclass(frozen=True)
 class MovedRun:
   workdir: str  # Where the job's files are now.
-  written: str  # Where the job wrote them (a local folder: gone, moved to `workdir`).
+  written: str  # Where the job wrote them: a local folder (gone, moved) or a gs:// URL (kept).
   results: Dict  # What the job's run() returned.
   readme: str  # The README copy whose blocks the job rewrote (beside the workdir, not in it).
   # A gs:// `written`: the GCS emulator's folder holding its objects (they stay there), for
@@ -86,7 +87,7 @@ def tiny_demo(base) -> MovedRun:
                                       readme.SEEDS_BLOCK)
   config.seed = TINY_DEMO_SEED
   written, moved, gcs_data = DEMO_URL, os.path.join(base, "moved"), os.path.join(base, "gcs")
-  with gcs_emulator.serving(DEMO_URL.split("/")[2], data_dir=gcs_data):
+  with gcs_emulator.serving(DEMO_BUCKET, data_dir=gcs_data):
     results = launcher.launch(config, written)
     layout.refresh(written)
     layout._copy_tree(layout.as_path(written), layout.as_path(moved))  # pylint: disable=protected-access

@@ -20,6 +20,7 @@ import pytest
 
 from metonymy import loading
 from metonymy.workdir import layout
+from tests import shared_runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAGING_PREFIX = "metonymy-staged-"  # layout.staged_locally's temporary folders
@@ -77,7 +78,7 @@ def gs_demo(tiny_demo_run):
   """The tiny demo run as written on gs:// (tests/shared_runs.py), served again: (url, env)."""
   from tests import gcs_emulator
   url = tiny_demo_run.written
-  with gcs_emulator.serving(url.split("/")[2], data_dir=tiny_demo_run.gcs_data) as env:
+  with gcs_emulator.serving(shared_runs.DEMO_BUCKET, data_dir=tiny_demo_run.gcs_data) as env:
     layout.refresh(url)
     yield url, env
 
