@@ -17,15 +17,11 @@ import pytest
 
 from metonymy.workdir import Workdir
 from tests import gcs_emulator
-from tests import shared_runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The shared uninterrupted run's length (tests/shared_runs.py): the killed run on gs:// must end
-# where it ends. Each save on the emulator takes seconds against ~40 steps/s, so with a save every
-# 10 steps the kill lands between two checkpoints.
-STEPS = shared_runs.SYNTHETIC_SINGLE_STEPS
+STEPS = 120  # Long enough for the kill to land between two checkpoints.
 TRAIN = [f"--config={ROOT}/configs/synthetic_single.py:runlocal", f"--config.trainer.num_steps={STEPS}",
-         "--config.trainer.checkpoint_every_steps=10", f"--config.trainer.eval_every_steps={STEPS}",
+         "--config.trainer.checkpoint_every_steps=20", f"--config.trainer.eval_every_steps={STEPS}",
          "--config.trainer.keep_checkpoints=10"]
 
 pytestmark = pytest.mark.slow
@@ -58,7 +54,7 @@ def _env(gcs):
 
 
 def _params(url):
-  """The final checkpoint's parameters of the run at `url` (gs:// or local), as host arrays."""
+  """The final checkpoint's parameters of the gs:// run at `url`, as host arrays."""
   from metonymy import loading
   _fresh_path(url)
   trained = loading.load_trained_part_model(url)
@@ -77,8 +73,19 @@ def test_print_config_with_a_gs_workdir_writes_nothing(gcs, tmp_path):
   _assert_no_local_gs_folder(tmp_path)
 
 
-def test_train_kill_resume_and_probe_on_gs(gcs, tmp_path, synthetic_single_run):
+def test_train_kill_resume_and_probe_on_gs(gcs, tmp_path):
   env = _env(gcs)
+  # The uninterrupted run, checkpointed at its end only (the killed run's checkpoints are the
+  # ones that must land on gs:// mid-run; each costs seconds against the emulator).
+  proc = _main([*TRAIN, "--config.trainer.checkpoint_every_steps=1000",
+                "--workdir=gs://bucket/reference"], tmp_path, env)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  reference = _fresh_path("gs://bucket/reference")
+  for name in ("config.json", "model.json", "metrics.jsonl.d", "checkpoints", "backbone",
+               "tensorboard", "images", "report.md"):
+    assert (reference / name).exists(), name
+  assert not (reference / "run.lock").exists()  # Released at the end.
+
   # Killed (SIGKILL: no save, no cleanup) once a checkpoint is final on gs://, then resumed.
   run = subprocess.Popen([sys.executable, "-m", "metonymy.main", *TRAIN,
                           "--workdir=gs://bucket/killed"], cwd=tmp_path, env=env,
@@ -102,15 +109,7 @@ def test_train_kill_resume_and_probe_on_gs(gcs, tmp_path, synthetic_single_run):
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "Resumed from step" in proc.stdout, proc.stdout[-2000:]
 
-  # Everything a run writes is there, and the lock is released at the end.
-  killed = _fresh_path("gs://bucket/killed")
-  for name in ("config.json", "model.json", "metrics.jsonl.d", "checkpoints", "backbone",
-               "tensorboard", "images", "report.md"):
-    assert (killed / name).exists(), name
-  assert not (killed / "run.lock").exists()
-
-  # The uninterrupted run (local, tests/shared_runs.py: the same command and steps).
-  step, expected = _params(synthetic_single_run.workdir)
+  step, expected = _params("gs://bucket/reference")
   got_step, got = _params("gs://bucket/killed")
   assert step == got_step == STEPS
   assert len(got) == len(expected)
@@ -124,7 +123,7 @@ def test_train_kill_resume_and_probe_on_gs(gcs, tmp_path, synthetic_single_run):
 
   # The probe reads the run's part masks from gs:// and writes its report there.
   proc = _main([f"--config={ROOT}/configs/probe_synthetic.py:tiny", "--config.masks.source=stage1",
-                "--config.masks.path=gs://bucket/killed", "--workdir=gs://bucket/probe"],
+                "--config.masks.path=gs://bucket/reference", "--workdir=gs://bucket/probe"],
                tmp_path, env)
   assert proc.returncode == 0, proc.stderr[-3000:]
   results = json.loads(_fresh_path("gs://bucket/probe/results.json").read_text())
