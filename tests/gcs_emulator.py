@@ -57,17 +57,15 @@ def _with_generation_headers() -> None:
 
 
 @contextlib.contextmanager
-def serving(bucket: str = "bucket", data_dir: str = "") -> Iterator[Dict[str, str]]:
+def serving(bucket: str = "bucket") -> Iterator[Dict[str, str]]:
   """Starts the emulator with `bucket`, sets the variables in os.environ (restored after) and
-  yields them, for subprocesses' environments too. `data_dir`: keep the objects in that folder
-  rather than in memory, where a later emulator (in any process) given it serves them again."""
+  yields them, for subprocesses' environments too."""
   from gcp_storage_emulator.server import create_server
   _with_generation_headers()
   # The emulator logs a traceback for every client that closes a connection early; quiet.
   logging.getLogger("gcp_storage_emulator").setLevel(logging.CRITICAL)
   port = _free_port()
-  server = create_server("127.0.0.1", port, in_memory=not data_dir, default_bucket=bucket,
-                         data_dir=os.path.abspath(data_dir) if data_dir else None)
+  server = create_server("127.0.0.1", port, in_memory=True, default_bucket=bucket)
   server.start()
   # A client closing a connection early (normal for ranged reads) is no test failure: without
   # this, socketserver prints a BrokenPipe traceback for each into the test log.

@@ -3,10 +3,10 @@ a session fixture, `<name>_run`, that the xdist workers share).
 
 Each is a whole job (a demo, a Table-3 job, a training run), and
 the tests that read it ask different questions of the same files: a second copy per test file
-or per worker would only repeat the job. The demo and the Table-3 job are written in one place
-and moved to another before any test sees them (the Table-3 job by `mv`, the demo from a gs://
-workdir on the GCS emulator to local disk), so every reader also checks that a moved workdir is
-complete where it is, and tests/test_workdir_records.py that no file names where it was written.
+or per worker would only repeat the job. The demo and the Table-3 job are written in one folder
+and moved (`mv`) to another before any test sees them, so every reader also checks that a moved
+workdir is complete where it is, and tests/test_workdir_records.py that no file names the folder
+it was written in.
 
 Readers must not change a shared run. A test that writes into one (a rerun, a kill, a refused
 config) copies it first (`shutil.copytree`); the fixture checks at the end of the session that
@@ -30,9 +30,6 @@ SYNTHETIC_SINGLE_STEPS = 40
 # The tiny demo's run seed: not the default 0, so that a sub-job keeping its own config's seed
 # shows (tests/test_demo.py).
 TINY_DEMO_SEED = 3
-# Where the tiny demo is written (on the GCS emulator), before it is copied to local disk.
-DEMO_BUCKET = "records"
-DEMO_URL = f"gs://{DEMO_BUCKET}/demo"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,12 +47,9 @@ class TrainedRun:
 @dataclasses.dataclass(frozen=True)
 class MovedRun:
   workdir: str  # Where the job's files are now.
-  written: str  # Where the job wrote them: a local folder (gone, moved) or a gs:// URL (kept).
+  written: str  # Where the job wrote them (gone: moved to `workdir`).
   results: Dict  # What the job's run() returned.
   readme: str  # The README copy whose blocks the job rewrote (beside the workdir, not in it).
-  # A gs:// `written`: the GCS emulator's folder holding its objects (they stay there), for
-  # `gcs_emulator.serving(bucket, data_dir=gcs_data)` in any process.
-  gcs_data: str = ""
 
 
 def _readme_with_blocks(path, *blocks) -> str:
@@ -73,26 +67,15 @@ def _written_then_moved(base, config, run: Callable[..., Dict]) -> MovedRun:
 
 
 def tiny_demo(base) -> MovedRun:
-  """configs/demo.py:tiny, run seed TINY_DEMO_SEED, with README's results and seeds blocks, run
-  as `python -m metonymy.main --workdir=gs://records/demo` runs it (launcher.launch: the claim,
-  then the demo in a local staging folder copied to gs:// when it ends) on the GCS emulator,
-  then copied from gs:// to local disk, where the readers find it."""
+  """configs/demo.py:tiny, run seed TINY_DEMO_SEED, with README's results and seeds blocks."""
   from metonymy import config_lib
-  from metonymy import launcher
+  from metonymy import demo
   from metonymy.demo import readme
-  from metonymy.workdir import layout
-  from tests import gcs_emulator
   config = config_lib.load_sibling_config(DEMO_CONFIG, "demo", "tiny")
   config.readme = _readme_with_blocks(os.path.join(base, "README_copy.md"), readme.RESULTS_BLOCK,
                                       readme.SEEDS_BLOCK)
   config.seed = TINY_DEMO_SEED
-  written, moved, gcs_data = DEMO_URL, os.path.join(base, "moved"), os.path.join(base, "gcs")
-  with gcs_emulator.serving(DEMO_BUCKET, data_dir=gcs_data):
-    results = launcher.launch(config, written)
-    layout.refresh(written)
-    layout._copy_tree(layout.as_path(written), layout.as_path(moved))  # pylint: disable=protected-access
-  return MovedRun(workdir=moved, written=written, results=results, readme=config.readme,
-                  gcs_data=gcs_data)
+  return _written_then_moved(base, config, demo.run)
 
 
 def small_table3(base) -> MovedRun:

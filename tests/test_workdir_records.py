@@ -5,9 +5,9 @@ trained sub-run loads (`loading.load_trained_part_model`), the probe reads one's
 (`masks.source=stage1`), `export_part_maps` exports one's part maps, and no file under the
 workdir names where it was written (the old location, the staging folder).
 
-The runs are tests/test_demo.py's and tests/test_table3.py's, made once (tests/shared_runs.py):
-the demo written on gs:// (the GCS emulator) and copied to local disk, the Table-3 job written
-in one folder and moved to another, before any test reads them.
+One run per fixture, shared by the assertions: the runs are the expensive part. The moved runs
+are tests/test_demo.py's and tests/test_table3.py's (tests/shared_runs.py: each is written in
+one folder and moved to another before any test reads it).
 """
 
 import json
@@ -20,7 +20,6 @@ import pytest
 
 from metonymy import loading
 from metonymy.workdir import layout
-from tests import shared_runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAGING_PREFIX = "metonymy-staged-"  # layout.staged_locally's temporary folders
@@ -74,11 +73,14 @@ def moved_table3(small_table3_run):
 
 
 @pytest.fixture(scope="module")  # Module: the emulator's variables leave os.environ after it.
-def gs_demo(tiny_demo_run):
-  """The tiny demo run as written on gs:// (tests/shared_runs.py), served again: (url, env)."""
+def gs_demo(tmp_path_factory):
+  pytest.importorskip("gcp_storage_emulator")
+  pytest.importorskip("gcsfs")
   from tests import gcs_emulator
-  url = tiny_demo_run.written
-  with gcs_emulator.serving(shared_runs.DEMO_BUCKET, data_dir=tiny_demo_run.gcs_data) as env:
+  with gcs_emulator.serving("records") as env:
+    url = "gs://records/demo"
+    _main([f"--config={ROOT}/configs/demo.py:tiny", f"--workdir={url}"],
+          env=dict(os.environ, **env), cwd=tmp_path_factory.mktemp("gs_demo"))
     layout.refresh(url)
     yield url, env
 
