@@ -243,10 +243,16 @@ def backbone_pretraining(steps: int = 0, *, batch_size: int = 32, learning_rate:
 # Part-discovery training (job "train"): model, losses, optimizer, data, trainer, mesh.
 
 
+# Stage 1's prototype start (training/prototype_init.py): "uniform" (the paper's) or "kmeans"
+# (centroids of the backbone's patch features on this many training images).
+PROTOTYPE_INIT = {"prototype_init": "uniform", "prototype_init_images": 256}
+
+
 def stage1_model(num_parts: int, temperature: float = 1.0) -> ml_collections.ConfigDict:
-  """Stage 1 (models/stage1.py): K foreground parts + background, Gumbel-softmax temperature."""
-  return ml_collections.ConfigDict({"name": "stage1", "num_parts": num_parts,
-                                    "temperature": temperature})
+  """Stage 1 (models/stage1.py): K foreground parts + background, Gumbel-softmax temperature,
+  the prototypes' start (PROTOTYPE_INIT)."""
+  return ml_collections.ConfigDict(dict({"name": "stage1", "num_parts": num_parts,
+                                         "temperature": temperature}, **PROTOTYPE_INIT))
 
 
 def part_losses(orthogonality: str = "decorrelated") -> ml_collections.ConfigDict:
@@ -423,10 +429,10 @@ def two_stage_model(num_parts: int, mask: str, *, temperature: float = 1.0,
   if unknown:
     raise TypeError(f"two_stage_model got unknown Stage-2 options {unknown}; known are "
                     f"{sorted(stage2_options.DEFAULTS)}")
-  return ml_collections.ConfigDict({
+  return ml_collections.ConfigDict(dict({
       "name": "two_stage", "num_parts": num_parts, "temperature": temperature,
       "stage2": dict({"mask": mask}, **dict(stage2_options.DEFAULTS, **stage2)),
-  })
+  }, **PROTOTYPE_INIT))
 
 
 def two_stage(config: ml_collections.ConfigDict, mask: str,
@@ -434,6 +440,9 @@ def two_stage(config: ml_collections.ConfigDict, mask: str,
   """A copy of the single-stage training `config` with `two_stage_model(mask, **stage2)` at its
   K and temperature in place of Stage 1 alone."""
   config = copy.deepcopy(config)  # Keeps the key order (a to_dict round trip sorts it).
+  single_model = config.model
   config.model = two_stage_model(config.model.num_parts, mask,
                                  temperature=config.model.temperature, **stage2)
+  for key in PROTOTYPE_INIT:  # Stage 1's start carries over.
+    config.model[key] = single_model.get(key, PROTOTYPE_INIT[key])
   return config

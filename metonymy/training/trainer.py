@@ -56,6 +56,7 @@ from metonymy.training import inputs
 from metonymy.training import objective
 from metonymy.training import optimizer
 from metonymy.training import preemption
+from metonymy.training import prototype_init
 from metonymy.training import run_state
 from metonymy.training import sharding
 from metonymy.training import writers
@@ -158,6 +159,7 @@ def _finite_or_raise(step: int, metrics, mngr, writer, learning_rates) -> Dict[s
 
 def _train(config, workdir: Workdir, mesh) -> Dict[str, float]:
   objective.check_config(config.loss)
+  prototype_init.check(config.model)
   batch_size = _batch_sizes(config, mesh)
   per_process = batch_size // jax.process_count()
 
@@ -191,6 +193,18 @@ def _train(config, workdir: Workdir, mesh) -> Dict[str, float]:
   size = config.data.image_size
   images = jnp.zeros((1, size, size, 3), jnp.float32)
   rng_init, rng_train = jax.random.split(jax.random.PRNGKey(config.seed))
+  prototypes = None  # Stage 1's start: the model's own init, or k-means centroids.
+  if prototype_init.check(config.model) == "kmeans":
+    features = prototype_init.patch_features(prototype_init.stage1_of(model), frozen, train_source,
+                                             config.data, config.model.prototype_init_images)
+    prototypes = prototype_init.kmeans_prototypes(features, model.num_parts, config.seed)
+    console.console(f"Stage 1's prototypes start at k-means centroids of {features.shape[0]} "
+                    f"training images' patch features (background: the border's cluster).")
+
+  def initial_params(rng, frozen):
+    params = model.init(rng, images, frozen)
+    return params if prototypes is None else prototype_init.with_prototypes(params, prototypes)
+
   abstract_params = jax.eval_shape(model.init, rng_init, images, frozen)
   tx, schedules = optimizer.make(config.optimizer, model.param_groups(abstract_params),
                                  total_steps, batch_size)
@@ -205,7 +219,7 @@ def _train(config, workdir: Workdir, mesh) -> Dict[str, float]:
       f"parameters (2-D weights; no prototypes, norms, biases, prefix or position tokens).")
 
   def init_state(rng, frozen):
-    params = model.init(rng, images, frozen)
+    params = initial_params(rng, frozen)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                       rng=rng_train)
 
@@ -284,7 +298,7 @@ def _train(config, workdir: Workdir, mesh) -> Dict[str, float]:
   # The parameters at step 0 (recomputed on resume: the init is a function of the seed), kept
   # for each group's relative change over the run: one more copy of the trainable parameters,
   # sharded like them.
-  start_params = jax.jit(lambda rng, frozen: model.init(rng, images, frozen),
+  start_params = jax.jit(initial_params,
                          in_shardings=(replicated, frozen_sh),
                          out_shardings=state_sh.params)(rng_init, frozen)
   step = int(jax.device_get(state.step))
