@@ -16,12 +16,13 @@ data, the backbone and the seed only: every process computes the same ones, and 
 recomputes them (like the rest of the step-0 parameters) rather than storing them.
 """
 
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from metonymy import console
 from metonymy.data import transforms
 
 INITS = ("uniform", "kmeans")
@@ -100,3 +101,15 @@ def with_prototypes(params: Dict[str, Any], prototypes) -> Dict[str, Any]:
 def stage1_of(model):
   """The Stage 1 of a single- or two-stage model."""
   return getattr(model, "stage1", model)
+
+
+def initial_prototypes(model, frozen, train_source, config) -> Optional[np.ndarray]:
+  """The trainer's start for Stage 1's prototypes: None for "uniform" (the model's own init),
+  float32 [K+1, D] k-means centroids for "kmeans"."""
+  if check(config.model) != "kmeans":
+    return None
+  features = patch_features(stage1_of(model), frozen, train_source, config.data,
+                            config.model.prototype_init_images)
+  console.console(f"Stage 1's prototypes start at k-means centroids of {features.shape[0]} "
+                  f"training images' patch features (background: the border's cluster).")
+  return kmeans_prototypes(features, model.num_parts, config.seed)

@@ -193,13 +193,8 @@ def _train(config, workdir: Workdir, mesh) -> Dict[str, float]:
   size = config.data.image_size
   images = jnp.zeros((1, size, size, 3), jnp.float32)
   rng_init, rng_train = jax.random.split(jax.random.PRNGKey(config.seed))
-  prototypes = None  # Stage 1's start: the model's own init, or k-means centroids.
-  if prototype_init.check(config.model) == "kmeans":
-    features = prototype_init.patch_features(prototype_init.stage1_of(model), frozen, train_source,
-                                             config.data, config.model.prototype_init_images)
-    prototypes = prototype_init.kmeans_prototypes(features, model.num_parts, config.seed)
-    console.console(f"Stage 1's prototypes start at k-means centroids of {features.shape[0]} "
-                    f"training images' patch features (background: the border's cluster).")
+  # Stage 1's start: None (the model's own init) or k-means centroids.
+  prototypes = prototype_init.initial_prototypes(model, frozen, train_source, config)
 
   def initial_params(rng, frozen):
     params = model.init(rng, images, frozen)
