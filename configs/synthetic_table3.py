@@ -31,7 +31,8 @@ optimizer with its square-root scaled rates. Scored on `test`; every choice belo
 
 arg: `small` (a tiny world, 2 run seeds, seconds of training: the test), `world=v1|v2|v3`
 (configs/demo.py's WORLDS), `paper_stage2_rate`,
-`priors=paper|off`, `split=val|test` (the evaluation split; val for counterfactuals).
+`priors=paper|off`, `split=val|test` (the evaluation split of the training runs and the probe;
+val for counterfactuals).
 """
 
 import ml_collections
@@ -76,6 +77,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   config.benchmark.evaluation.leakage_images = 16 if arg.small else 64
   config.benchmark.data.max_train = 64 if arg.small else 1024
   config.benchmark.masks = config_lib.part_masks("stage1")
+  if arg.split == "val":  # PS and MPPO scored on val too; the probes' weight decay is then
+    # chosen on a part of train, so val is never both the selection and the score.
+    config.benchmark.data.test, config.benchmark.data.val = "val", ""
   # The training run of every variant: single-stage here, two-stage = this with the variant's
   # Stage-2 model (config_lib.two_stage, applied by the job), so they cannot drift apart.
   single = demo.single

@@ -106,7 +106,11 @@ def test_configs_load_and_refuse_unknown_args():
   full = config_lib.load_config(CONFIG_FILE)
   assert full.variants == ("single", "hard", "ste", "soft") and len(full.seeds) >= 3
   assert full.single.data.eval_split == "test"
-  assert config_lib.load_config(CONFIG_FILE, "split=val").single.data.eval_split == "val"
+  assert (full.benchmark.data.val, full.benchmark.data.test) == ("val", "test")
+  on_val = config_lib.load_config(CONFIG_FILE, "split=val")
+  assert on_val.single.data.eval_split == "val"
+  # The probe scores PS and MPPO on val too, its weight decay chosen on a part of train.
+  assert (on_val.benchmark.data.val, on_val.benchmark.data.test) == ("", "val")
   off = config_lib.load_config(CONFIG_FILE, "priors=off").single.loss.weights
   assert off.attribute == 1.0 and off.orthogonality == 0.0 and off.background_presence == 0.0
   paper = config_lib.load_config(CONFIG_FILE, "paper_stage2_rate").single.optimizer
