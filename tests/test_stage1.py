@@ -103,7 +103,10 @@ def test_objective_terms_and_zero_weights(setup):
   model, frozen, params, images = setup
   batch = {"image": images, "attributes": jnp.ones((2, A)), "attribute_valid": jnp.ones((2, A), bool)}
   config = config_lib.part_losses()
-  total, metrics = objective.loss_fn(model, params, frozen, batch, jax.random.PRNGKey(0), config)
+  # Jitted: run eagerly, the equivariance term's warps dispatch (and compile) op by op.
+  loss_fn = lambda config: jax.jit(lambda p: objective.loss_fn(
+      model, p, frozen, batch, jax.random.PRNGKey(0), config))(params)
+  total, metrics = loss_fn(config)
   assert {k for k in metrics if k.startswith("loss/")} == {
       "loss/attribute_stage1", "loss/orthogonality", "loss/total_variation", "loss/equivariance",
       "loss/foreground_presence", "loss/background_presence", "loss/entropy"}
@@ -119,7 +122,7 @@ def test_objective_terms_and_zero_weights(setup):
   np.testing.assert_allclose(total, expected, rtol=1e-6)
   config.weights.equivariance = 0.0
   config.orthogonality = "pdisco"
-  _, metrics = objective.loss_fn(model, params, frozen, batch, jax.random.PRNGKey(0), config)
+  _, metrics = loss_fn(config)
   assert "loss/equivariance" not in metrics
   config.weights.entropy = -1.0
   with pytest.raises(ValueError, match="weights.entropy"):
