@@ -27,7 +27,9 @@ Every block is a full sub-config, so any key can be overridden, e.g.
 arg (flags): none for the demo; `tiny`, a smoke run for tests (well under a minute of compute);
 `world=v1|v2|v3`, the world (WORLDS below; v1 for now); `stand_in`, step 1 alone: pretrain the
 stand-in anew and write it where the demo finds it, metonymy/assets/<stand_in_name>.{npz,json}
-(the command that made the shipped files, one per world seed: add --config.world.seed=N).
+(the command that made the shipped files, one per world seed: add --config.world.seed=N; it saves
+its state in DIR/pretraining_state every backbone_pretraining.checkpoint_every steps, and the
+same command resumes a killed run there).
 """
 
 import ml_collections

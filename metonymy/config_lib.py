@@ -225,18 +225,22 @@ def probe_evaluation(*, tau: float = 0.1, manual_assignment: str = "", bootstrap
 def backbone_pretraining(steps: int = 0, *, batch_size: int = 32, learning_rate: float = 1e-3,
                          weight_decay: float = 0.05, images: int = 4000,
                          loss: str = "group_softmax", augment: str = "flip",
-                         evaluate_every: int = 0) -> ml_collections.ConfigDict:
+                         evaluate_every: int = 0,
+                         checkpoint_every: int = 250) -> ml_collections.ConfigDict:
   """Supervised pretraining of a random-init backbone from image-level attributes
   (probe/pretrain.py): a CLS head and an attention read-out per part on the first `images`
   training examples; `loss` "group_softmax" (softmax over one-hot attribute groups) or "bce";
   `augment` "flip" or "affine" (flips plus random similarities, pretrain.AUGMENTATIONS).
   steps = 0: the random weights as they are. `evaluate_every` > 0: the stand-in's quality on
   `val` every that many steps of its main stage (record key `quality_curve`); not part of the
-  recipe, since it does not change the weights."""
+  recipe, since it does not change the weights. `checkpoint_every`: the stand-in job (demo mode
+  "stand_in") saves its state in DIR/pretraining_state that often and resumes from it when rerun;
+  not part of the recipe either."""
   return ml_collections.ConfigDict({"steps": steps, "batch_size": batch_size,
                                     "learning_rate": learning_rate, "weight_decay": weight_decay,
                                     "images": images, "loss": loss, "augment": augment,
-                                    "evaluate_every": evaluate_every})
+                                    "evaluate_every": evaluate_every,
+                                    "checkpoint_every": checkpoint_every})
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The stand-in backbone's pretraining (metonymy/probe/pretrain.py) and the stand-ins shipped for
 the demo (metonymy/assets/)."""
 
+import json
 import os
 
 import jax
@@ -112,6 +113,81 @@ def test_evaluating_along_the_way_sees_each_step_and_leaves_the_trajectory_alone
   assert not np.array_equal(seen[0][1]["pos_embed"], seen[1][1]["pos_embed"])
   jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(watched.params),
                          jax.device_get(plain.params))
+
+
+def _tiny_pretraining():
+  """(model, params, source, transforms) of a 1-block ViT on an 8-image 16-px world."""
+  from metonymy.data import synthetic
+  from metonymy.data import transforms
+  world = synthetic.SyntheticConfig(image_size=16, correlation=0.0, scale_range=(0.55, 0.7),
+                                    splits=(("train", 8),))
+  config = vit.get_config("vit_tiny_test").replace(patch_size=4, depth=1,
+                                                   pos_embed_grid=(4, 4), image_size=16)
+  model, params = vit.init_params(config, jax.random.PRNGKey(0))
+  standard = transforms.standard(16, train=False, mean=config.image_mean, std=config.image_std)
+  return model, params, synthetic.make_source(None, "train", world), standard
+
+
+@pytest.mark.slow
+def test_a_killed_pretraining_resumes_bit_for_bit(tmp_path):
+  model, params, source, standard = _tiny_pretraining()
+  options = dict(steps=7, batch_size=4, images=8, progress=False, evaluate_every=2)
+  evaluate = lambda step, backbone, heads: {"step": step, "norm": float(
+      jnp.linalg.norm(backbone["pos_embed"]))}
+  uninterrupted = pretrain.pretrain(model, params, source, standard, evaluate=evaluate, **options)
+
+  class Killed(Exception):
+    pass
+
+  def evaluate_then_die(step, backbone, heads):
+    if step == 6:  # After the state saved at step 4, before the one at 6.
+      raise Killed
+    return evaluate(step, backbone, heads)
+
+  state_dir = str(tmp_path / "state")
+  with pytest.raises(Killed):
+    pretrain.pretrain(model, params, source, standard, evaluate=evaluate_then_die,
+                      state_dir=state_dir, checkpoint_every=2, **options)
+  assert sorted(os.listdir(state_dir)) == ["state-4.msgpack", "state.json"]
+  resumed = pretrain.pretrain(model, params, source, standard, evaluate=evaluate,
+                              state_dir=state_dir, checkpoint_every=2, **options)
+  for got, expected in ((resumed.params, uninterrupted.params),
+                        (resumed.heads, uninterrupted.heads)):
+    jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(got),
+                           jax.device_get(expected))
+  # The curves too: the loss logged before the kill, the evaluations made before it.
+  assert resumed.loss_history == uninterrupted.loss_history
+  assert resumed.evaluations == uninterrupted.evaluations
+  assert [step for step, _ in resumed.evaluations] == [2, 4, 6]
+  assert sorted(os.listdir(state_dir)) == ["state-7.msgpack", "state.json"]
+  # A finished state is the result: nothing left to train.
+  again = pretrain.pretrain(model, params, source, standard, state_dir=state_dir,
+                            checkpoint_every=2, **options)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(again.params),
+                         jax.device_get(uninterrupted.params))
+  # Another recipe is refused by name, the state left as it was.
+  with pytest.raises(ValueError, match=r"state\.json.*other arguments"):
+    pretrain.pretrain(model, params, source, standard, state_dir=state_dir,
+                      **dict(options, steps=9))
+  assert sorted(os.listdir(state_dir)) == ["state-7.msgpack", "state.json"]
+
+
+@pytest.mark.slow
+def test_the_stand_in_job_resumes_each_stage_from_its_workdir(tmp_path):
+  config = config_lib.load_sibling_config(CONFIG_FILE, "demo", "tiny,world=v2")
+  config.backbone_pretraining.checkpoint_every = 2
+  # Not part of the recipe: a shipped stand-in made without it is still this recipe's.
+  recipe = stand_in.stand_in_recipe(config, config.world)
+  assert "checkpoint_every" not in recipe["pretraining"]
+  state_dir = str(tmp_path / "pretraining_state")
+  _, first, _ = stand_in.pretrain_stand_in(config, config.world, state_dir)
+  saved = {stage: json.loads((tmp_path / "pretraining_state" / stage / "state.json").read_text())
+           for stage in ("warmup", "main")}
+  assert {stage: meta["step"] for stage, meta in saved.items()} == {"warmup": 3, "main": 7}
+  _, again, _ = stand_in.pretrain_stand_in(config, config.world, state_dir)  # Both restored.
+  jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(again.params),
+                         jax.device_get(first.params))
+  assert again.loss_history == first.loss_history
 
 
 def test_a_stand_in_that_does_not_fit_its_architecture_is_refused(tmp_path):

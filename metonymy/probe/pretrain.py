@@ -39,6 +39,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from absl import logging
+from flax import serialization
 from flax import traverse_util
 import jax
 import jax.numpy as jnp
@@ -77,11 +78,13 @@ def random_affine_warp(images: jnp.ndarray, rng: jax.Array) -> jnp.ndarray:
 @dataclasses.dataclass
 class Pretrained:
   """What `pretrain` returns: the backbone's parameters, the heads' (`init_heads`; kept to
-  measure the backbone's own quality), the loss curve [(step, loss)] and the wall time."""
+  measure the backbone's own quality), the loss curve [(step, loss)], the wall time (of every
+  session, when resumed) and what `evaluate` returned along the way [(step, value)]."""
   params: Dict
   heads: Dict
   loss_history: List[Tuple[int, float]]
   seconds: float
+  evaluations: List[Tuple[int, object]] = dataclasses.field(default_factory=list)
 
 
 def load_examples(source, count: int, transforms):
@@ -154,14 +157,20 @@ def pretrain(model, params, source, transforms, *, steps: int, batch_size: int =
              learning_rate: float = 1e-3, weight_decay: float = 0.05, images: int = 4000,
              loss: str = "group_softmax", augment: str = "flip", seed: int = 0,
              progress: bool = True, heads: Optional[Dict] = None,
-             evaluate: Optional[Callable[[int, Dict, Dict], None]] = None,
-             evaluate_every: int = 0) -> Pretrained:
+             evaluate: Optional[Callable[[int, Dict, Dict], object]] = None,
+             evaluate_every: int = 0, state_dir: str = "",
+             checkpoint_every: int = 0) -> Pretrained:
   """Trains `params` of `model` (a VisionTransformer) on `images` examples of `source`; `heads`
   continues the read-outs of an earlier stage (default: fresh ones, `init_heads`).
 
   `evaluate(step, params, heads)` is called after every `evaluate_every` steps before the last
   (the caller measures the final weights): a quality curve, to tell whether a longer schedule
-  would still help. It reads the weights only, so the trajectory is the same without it."""
+  would still help. It reads the weights only, so the trajectory is the same without it; what it
+  returns (JSON-ready) is kept in `Pretrained.evaluations`.
+
+  `state_dir`: the run saves its state there every `checkpoint_every` steps (0: at its end only)
+  and at its end, and a run with the same arguments resumes from it, bit for bit: the weights,
+  the optimizer, the data order, the loss curve and the evaluations so far (PretrainingState)."""
   if loss not in LOSSES:
     raise ValueError(f"backbone_pretraining.loss must be one of {LOSSES}, got {loss!r}")
   if augment not in AUGMENTATIONS:
@@ -197,11 +206,31 @@ def pretrain(model, params, source, transforms, *, steps: int, batch_size: int =
 
   rng = np.random.default_rng(seed)
   augment_rng = jax.random.PRNGKey(seed + 1)
+  history, evaluations, value, first, earlier_seconds = [], [], float("nan"), 0, 0.0
+  saved = PretrainingState(state_dir, {"steps": steps, "batch_size": batch_size,
+                                       "learning_rate": learning_rate, "images": len(x),
+                                       "loss": loss, "augment": augment, "seed": seed})
+  if state_dir:
+    restored = saved.restore((trainable, state))
+    if restored is not None:
+      (trainable, state), first, meta = restored
+      rng.bit_generator.state = meta["data_rng"]
+      history = [tuple(h) for h in meta["loss_history"]]
+      evaluations = [tuple(e) for e in meta["evaluations"]]
+      value, earlier_seconds = (history[-1][1] if history else value), meta["seconds"]
+      logging.info("pretraining: resumed at step %d of %d from %s", first, steps, state_dir)
+
+  def save(done: int) -> None:
+    saved.save(done, (trainable, state), {
+        "data_rng": rng.bit_generator.state, "loss_history": history,
+        "evaluations": evaluations,
+        "seconds": earlier_seconds + time.perf_counter() - start})
+
   bar = None
   if progress:
-    bar = tqdm(total=steps, desc="pretrain backbone", unit="step", dynamic_ncols=True)
-  history, value = [], float("nan")
-  for i in range(steps):
+    bar = tqdm(total=steps, initial=first, desc="pretrain backbone", unit="step",
+               dynamic_ncols=True)
+  for i in range(first, steps):
     idx = rng.integers(0, len(x), batch_size)
     flip = rng.random(batch_size) < 0.5
     xb = np.where(flip[:, None, None, None], x[idx][:, :, ::-1], x[idx])
@@ -215,14 +244,58 @@ def pretrain(model, params, source, transforms, *, steps: int, batch_size: int =
       bar.update(1)
     if evaluate is not None and evaluate_every > 0 and (i + 1) % evaluate_every == 0 \
         and i + 1 < steps:
-      evaluate(i + 1, trainable[0], jax.device_get(trainable[1]))
+      evaluations.append((i + 1, evaluate(i + 1, trainable[0], jax.device_get(trainable[1]))))
+    if state_dir and checkpoint_every > 0 and (i + 1) % checkpoint_every == 0 and i + 1 < steps:
+      save(i + 1)
   if bar is not None:
     bar.close()
-  seconds = time.perf_counter() - start
+  if state_dir and first < steps:
+    save(steps)
+  seconds = earlier_seconds + time.perf_counter() - start
   logging.info("pretrained the backbone for %d steps in %.0f s, final loss %.4f", steps, seconds,
                float(value))
   return Pretrained(params=trainable[0], heads=jax.device_get(trainable[1]),
-                    loss_history=history, seconds=seconds)
+                    loss_history=history, seconds=seconds, evaluations=evaluations)
+
+
+class PretrainingState:
+  """A pretraining's state in a folder: `state-<step>.msgpack` (weights and optimizer state) and
+  `state.json` (the step, the data order's generator, the curves, and the arguments the run was
+  started with). state.json is written last and names its msgpack, so a kill mid-save leaves the
+  previous state readable."""
+
+  def __init__(self, directory: str, arguments: Dict):
+    self.directory, self.arguments = directory, json.loads(json.dumps(arguments))
+
+  def restore(self, target):
+    """(state like `target`, step, meta) of the saved state, or None when there is none."""
+    meta_path = os.path.join(self.directory, "state.json")
+    if not os.path.exists(meta_path):
+      return None
+    with open(meta_path) as f:
+      meta = json.load(f)
+    if meta["arguments"] != self.arguments:
+      raise ValueError(
+          f"{meta_path} was saved by a pretraining with other arguments ({meta['arguments']}), "
+          f"not {self.arguments}: resume with the same recipe, or use another folder.")
+    with open(os.path.join(self.directory, meta["state_file"]), "rb") as f:
+      state = serialization.from_bytes(target, f.read())
+    return state, int(meta["step"]), meta
+
+  def save(self, step: int, state, meta: Dict) -> None:
+    os.makedirs(self.directory, exist_ok=True)
+    name = f"state-{step}.msgpack"
+    with open(os.path.join(self.directory, name + ".tmp"), "wb") as f:
+      f.write(serialization.to_bytes(jax.device_get(state)))
+    os.replace(os.path.join(self.directory, name + ".tmp"), os.path.join(self.directory, name))
+    meta = dict(meta, step=step, state_file=name, arguments=self.arguments)
+    with open(os.path.join(self.directory, "state.json.tmp"), "w") as f:
+      json.dump(meta, f)
+    os.replace(os.path.join(self.directory, "state.json.tmp"),
+               os.path.join(self.directory, "state.json"))
+    for old in os.listdir(self.directory):
+      if old.startswith("state-") and old.endswith(".msgpack") and old != name:
+        os.remove(os.path.join(self.directory, old))
 
 
 def head_quality(model, params, heads, source, transforms, *, images: int = 500,

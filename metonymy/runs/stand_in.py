@@ -28,7 +28,7 @@ BACKBONE_DIR = layout.BACKBONE_DIR  # DIR/backbone: a converted backbone folder
 STAND_IN_FILE = "stand_in"  # DIR/backbone/stand_in.{npz,json}: the heads and the record
 # backbone_pretraining keys that do not change the weights, so not part of the recipe: a shipped
 # stand-in made without them is still the one a config with them asks for.
-RECIPE_FREE_KEYS = ("shipped", "evaluate_every")
+RECIPE_FREE_KEYS = ("shipped", "evaluate_every", "checkpoint_every")
 
 
 def shipped_stand_in(config, world_seed: int) -> str:
@@ -64,13 +64,17 @@ def stand_in_recipe(config, world) -> Dict:
                                 "pretraining": pre, "world": world}))
 
 
-def pretrain_stand_in(config, world):
+def pretrain_stand_in(config, world, state_dir: str = ""):
   """(vit_config, pretrain.Pretrained, record): config.backbone initialised with the stand-in
   seed (config.stand_in_seed) and pretrained on the world's training split
-  (probe/pretrain.py)."""
+  (probe/pretrain.py). With `state_dir`, each stage saves its state in a folder of it every
+  backbone_pretraining.checkpoint_every steps, and a rerun resumes there."""
   model, params, vit_config = loading.build_backbone(config.backbone, _seed(config))
   pre = config.backbone_pretraining
   options = probe_job.pretrain_options(pre)
+  if state_dir:
+    options["checkpoint_every"] = int(pre.get("checkpoint_every", 0))
+  stage_dir = lambda stage: os.path.join(state_dir, stage) if state_dir else ""
   heads, record = None, {}
   warmup_steps = int(pre.get("warmup_steps", 0))
   if warmup_steps:
@@ -83,20 +87,19 @@ def pretrain_stand_in(config, world):
     console.console(f"[demo] warm-up: {warmup_steps} pretraining steps on the world with "
                     f"{pre.warmup_world.to_dict()}")
     warm = pretrain.pretrain(model, params, warm_source, transforms, seed=_seed(config),
-                             **dict(options, steps=warmup_steps))
+                             state_dir=stage_dir("warmup"), **dict(options, steps=warmup_steps))
     params, heads = warm.params, warm.heads
     record["warmup_loss_history"] = warm.loss_history
   source, transforms = _training_images(config, world, vit_config)
-  curve = []
 
   def evaluate(step, params, heads):
     quality = stand_in_quality(config, world, vit_config, params, heads)
-    curve.append([int(step), quality])
     console.console(f"[demo] stand-in at step {step}: CLS-head mAP on val "
                     f"{text.fmt(quality.get('cls/mAP'))}, part read-out "
                     f"{text.fmt(quality.get('parts/mAP'))}, a patch's part "
                     f"{text.fmt(quality.get('part_probe/balanced_accuracy'))}, k-means fg NMI "
                     f"{text.fmt(quality.get('kmeans_fg/NMI'), 1)}")
+    return quality
 
   console.console(f"[demo] pretraining a ViT (patch {vit_config.patch_size}, width "
                   f"{vit_config.width}, depth {vit_config.depth}) at {vit_config.image_size} px "
@@ -104,9 +107,10 @@ def pretrain_stand_in(config, world):
                   "images")
   trained = pretrain.pretrain(model, params, source, transforms, seed=_seed(config),
                               heads=heads, evaluate=evaluate,
-                              evaluate_every=int(pre.get("evaluate_every", 0)), **options)
-  if curve:
-    record["quality_curve"] = curve
+                              evaluate_every=int(pre.get("evaluate_every", 0)),
+                              state_dir=stage_dir("main"), **options)
+  if trained.evaluations:
+    record["quality_curve"] = [[int(step), quality] for step, quality in trained.evaluations]
   record.update({"recipe": stand_in_recipe(config, world),
             "command": stand_in_command(config, world),
             "date": datetime.datetime.now().isoformat(timespec="seconds")})
@@ -193,7 +197,12 @@ def run_stand_in(config, workdir: str) -> Dict:
   if not config.stand_in_output:
     raise ValueError("mode 'stand_in' needs config.stand_in_output (a path prefix).")
   world = config.world
-  vit_config, trained, record = pretrain_stand_in(config, world)
+  # A killed run resumes from here (~50 min of pretraining for v3 on 2 CPU cores); a local
+  # workdir only (the stand-in itself is written to a local path too).
+  files = Workdir(workdir)
+  state_dir = (os.path.join(os.fspath(files.path), "pretraining_state")
+               if layout.is_local(files.path) else "")
+  vit_config, trained, record = pretrain_stand_in(config, world, state_dir)
   record["quality_val"] = stand_in_quality(config, world, vit_config, trained.params,
                                            trained.heads)
   prefix = config.stand_in_output.format(seed=int(world.seed))
