@@ -90,7 +90,8 @@ def test_short_pretraining_learns_above_chance(tmp_path):
   jax.tree_util.tree_map(np.testing.assert_array_equal, heads2, trained.heads)
 
 
-def test_evaluating_along_the_way_sees_each_step_and_leaves_the_trajectory_alone():
+def _tiny_pretraining():
+  """(model, params, source, transforms) of a 1-block ViT on an 8-image 16-px world."""
   from metonymy.data import synthetic
   from metonymy.data import transforms
   world = synthetic.SyntheticConfig(image_size=16, correlation=0.0, scale_range=(0.55, 0.7),
@@ -99,7 +100,11 @@ def test_evaluating_along_the_way_sees_each_step_and_leaves_the_trajectory_alone
                                                    pos_embed_grid=(4, 4), image_size=16)
   model, params = vit.init_params(config, jax.random.PRNGKey(0))
   standard = transforms.standard(16, train=False, mean=config.image_mean, std=config.image_std)
-  source = synthetic.make_source(None, "train", world)
+  return model, params, synthetic.make_source(None, "train", world), standard
+
+
+def test_evaluating_along_the_way_sees_each_step_and_leaves_the_trajectory_alone():
+  model, params, source, standard = _tiny_pretraining()
   seen = []
 
   def evaluate(step, backbone, heads):
@@ -113,19 +118,6 @@ def test_evaluating_along_the_way_sees_each_step_and_leaves_the_trajectory_alone
   assert not np.array_equal(seen[0][1]["pos_embed"], seen[1][1]["pos_embed"])
   jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(watched.params),
                          jax.device_get(plain.params))
-
-
-def _tiny_pretraining():
-  """(model, params, source, transforms) of a 1-block ViT on an 8-image 16-px world."""
-  from metonymy.data import synthetic
-  from metonymy.data import transforms
-  world = synthetic.SyntheticConfig(image_size=16, correlation=0.0, scale_range=(0.55, 0.7),
-                                    splits=(("train", 8),))
-  config = vit.get_config("vit_tiny_test").replace(patch_size=4, depth=1,
-                                                   pos_embed_grid=(4, 4), image_size=16)
-  model, params = vit.init_params(config, jax.random.PRNGKey(0))
-  standard = transforms.standard(16, train=False, mean=config.image_mean, std=config.image_std)
-  return model, params, synthetic.make_source(None, "train", world), standard
 
 
 @pytest.mark.slow
