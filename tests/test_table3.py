@@ -142,6 +142,12 @@ def test_readme_block_says_whether_the_machine_was_shared():
   results["machine"].update(load_average_start=[0.1, 0.1, 0.1], load_average_end=[2.0, 2.0, 1.9])
   assert ("Wall time 92 min on 2 CPU cores (load average 2.0 at the end: machine otherwise "
           "idle).") in report.readme_block(results)
+  # The command names what made the numbers: v1 with the priors off is the config's default.
+  assert "--config=configs/synthetic_table3.py --workdir=DIR" in report.readme_block(results)
+  results["world_name"] = "v3"
+  results["protocol"]["loss_weights"] = {"attribute": 1.0, "orthogonality": 1.0, "entropy": 2.0}
+  assert ("--config=configs/synthetic_table3.py:world=v3,priors=paper --workdir=DIR"
+          in report.readme_block(results))
 
 
 def test_figure_legend_numbers_discovered_parts_from_1():

@@ -50,6 +50,7 @@ def run(config, workdir) -> Dict:
       "job": "table3",
       "world": world.to_dict(),
       "world_seed": int(world.seed),
+      "world_name": config.get("world_name", "v1"),  # configs/demo.py's WORLDS key
       "seeds": [int(s) for s in config.seeds],
       "backbone": {"path": files.record(backbone), "source": (record or {}).get("source"),
                    "quality_val": (record or {}).get("quality_val")},
