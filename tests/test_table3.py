@@ -1,6 +1,7 @@
 """The Table-3 job (configs/synthetic_table3.py): its statistics, and the `small` job end to end:
 every (variant, run seed) row, the arms starting from one Stage-1 state, the paired differences,
-report.md, the figure and README's block."""
+report.md, the figure and README's block, and its runs in worker processes the same as in the
+job's own."""
 
 import json
 import math
@@ -18,6 +19,8 @@ from metonymy.runs import subjobs
 from metonymy.table3 import report
 from metonymy.table3 import stats
 from metonymy.table3 import variants
+from metonymy.table3 import workers
+from metonymy.workdir import Workdir
 from tests import compile_cache
 
 compile_cache.enable()
@@ -265,3 +268,38 @@ def test_small_job_writes_the_report_figure_and_readme_block(small_table3_run, t
   config = config_lib.load_config(CONFIG_FILE, "small")
   again = table3.run(config, rerun)
   assert again["rows"] == results["rows"]
+
+
+def test_worker_processes_two_on_a_cpu_unless_asked():
+  assert workers.process_count(0, 8) == (2 if (os.cpu_count() or 1) >= 2 else 1)
+  assert workers.process_count(3, 8) == 3 and workers.process_count(3, 2) == 2
+  assert workers.process_count(1, 8) == 1 and workers.process_count(0, 0) == 1
+  with pytest.raises(ValueError, match=r"config.run_processes=-1"):
+    workers.process_count(-1, 8)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the shared job ran its runs in-process")
+def test_a_run_in_a_worker_process_is_the_same_run_in_this_process(small_table3_run, tmp_path):
+  # The shared job trained its runs in two worker processes (run_processes 0 on a 2+ core CPU),
+  # each writing its output to its log; the same run trained here gives the same row, bit for bit.
+  workdir = small_table3_run.workdir
+  with open(os.path.join(workdir, "ste_seed1", workers.LOG_FILE)) as f:
+    assert "Training " in f.read()
+  config = config_lib.load_config(CONFIG_FILE, "small")
+  backbone = os.path.join(workdir, "backbone")
+  files = Workdir(os.fspath(tmp_path / "here")).make()
+  train_dir = variants.train(config, "ste", 1, backbone, files)
+  probe = variants.benchmark(config, "ste", 1, backbone, train_dir, files)
+  by = {(r["variant"], r["seed"]): r for r in small_table3_run.results["rows"]}
+  assert variants.row("ste", 1, int(config.world.seed), train_dir, probe) == by[("ste", 1)]
+
+
+@pytest.mark.slow
+def test_a_failed_worker_run_stops_the_job_and_names_its_log(tmp_path):
+  config = config_lib.load_config(CONFIG_FILE, "small")
+  files = Workdir(os.fspath(tmp_path)).make()
+  with pytest.raises(RuntimeError, match=r"run nope, run seed 0 failed.*nope_seed0/log.txt"):
+    workers.run_all(config, [(0, "nope")], "no-backbone", files, processes=2)
+  with open(workers.log_path(files, "nope", 0)) as f:
+    assert "unknown variant 'nope'" in f.read()

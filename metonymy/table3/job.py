@@ -1,7 +1,8 @@
-"""run(config, workdir): the stand-in, then every (run seed, variant) trained and benchmarked,
-then the figure's part maps (part_maps.py), then results.json, report.md, the figure and README's
-block (report.py, which formats what this computed). A rerun on the same
-workdir skips the runs that finished (the train job resumes, a written probe is read back)."""
+"""run(config, workdir): the stand-in, then every (run seed, variant) trained and benchmarked
+(config.run_processes at a time, workers.py), then the figure's part maps (part_maps.py), then
+results.json, report.md, the figure and README's block (report.py, which formats what this
+computed). A rerun on the same workdir skips the runs that finished (their probe is read back)
+and resumes the others (the train job resumes from its checkpoint)."""
 
 import datetime
 import os
@@ -18,6 +19,7 @@ from metonymy.table3 import part_maps
 from metonymy.table3 import report
 from metonymy.table3 import stats
 from metonymy.table3 import variants
+from metonymy.table3 import workers
 from metonymy.workdir import Workdir
 
 
@@ -29,19 +31,27 @@ def run(config, workdir) -> Dict:
   for variant in config.variants:
     variants.training_config(config, variant)  # An unknown variant fails before any training.
   backbone, record = stand_in.pretrained_backbone(config, files, world)
-  total = len(config.seeds) * len(config.variants)
+  # Seed-major: an early stop still leaves complete pairs.
+  runs = [(int(seed), variant) for seed in config.seeds for variant in config.variants]
+  pending = [(seed, variant) for seed, variant in runs
+             if not variants.finished(files, variant, seed)]
+  processes = workers.process_count(int(config.get("run_processes", 1)), len(pending))
+  if processes > 1:
+    workers.run_all(config, pending, backbone, files, processes)
   rows, dirs = [], {}
-  for seed in config.seeds:  # Seed-major: an early stop still leaves complete pairs.
-    for variant in config.variants:
+  for seed, variant in runs:
+    if variants.finished(files, variant, seed):  # Trained and benchmarked (here or earlier).
+      train_dir = variants.run_dir(files, variant, seed).sub("train")
+    else:
       done = len(rows)
-      eta = ((time.perf_counter() - start) / done * (total - done)) if done else None
-      console.console(f"[table3] ({done + 1}/{total}) {variant}, run seed {seed}, world seed "
+      eta = ((time.perf_counter() - start) / done * (len(runs) - done)) if done else None
+      console.console(f"[table3] ({done + 1}/{len(runs)}) {variant}, run seed {seed}, world seed "
                       f"{int(world.seed)}" + (f"; ETA {eta / 60:.0f} min" if eta else ""))
       train_dir = variants.train(config, variant, seed, backbone, files)
-      probe = variants.benchmark(config, variant, seed, backbone, train_dir, files)
-      rows.append(variants.row(variant, seed, world.seed, train_dir, probe))
-      dirs[(variant, int(seed))] = train_dir
-      console.console(report.row_line(rows[-1]))
+    probe = variants.benchmark(config, variant, seed, backbone, train_dir, files)
+    rows.append(variants.row(variant, seed, world.seed, train_dir, probe))
+    dirs[(variant, seed)] = train_dir
+    console.console(report.row_line(rows[-1]))
   training = variants.training_config(config, config.variants[0])
   eval_data = subjobs.with_world(training, world).data
   true_parts = list(references.evaluated_examples(eval_data)[0].info.part_names)

@@ -58,6 +58,12 @@ def run_dir(workdir: Workdir, variant: str, seed: int) -> Workdir:
   return workdir.sub(f"{variant}_seed{int(seed)}")
 
 
+def finished(workdir: Workdir, variant: str, seed: int) -> bool:
+  """Whether `variant` at run seed `seed` was trained and benchmarked in `workdir` (its probe,
+  which reads the finished training run, wrote its results)."""
+  return run_dir(workdir, variant, seed).sub("probe").results_file.exists()
+
+
 def train(config, variant: str, seed: int, backbone: str, workdir: Workdir) -> Workdir:
   """Trains (or finds trained) `variant` at run seed `seed`; returns its train workdir."""
   directory = run_dir(workdir, variant, seed).sub("train")
