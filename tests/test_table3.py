@@ -6,7 +6,11 @@ job's own."""
 import json
 import math
 import os
+import re
 import shutil
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -303,3 +307,40 @@ def test_a_failed_worker_run_stops_the_job_and_names_its_log(tmp_path):
     workers.run_all(config, [(0, "nope")], "no-backbone", files, processes=2)
   with open(workers.log_path(files, "nope", 0)) as f:
     assert "unknown variant 'nope'" in f.read()
+
+
+def _alive(pid: int) -> bool:
+  """Whether `pid` runs (a zombie, dead but not yet reaped, does not)."""
+  try:
+    with open(f"/proc/{pid}/status") as f:
+      return not any(line.startswith("State:") and "Z" in line.split()[1:2] for line in f)
+  except FileNotFoundError:
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads worker states from /proc")
+def test_workers_stop_when_the_job_process_is_killed(small_table3_run, tmp_path):
+  workdir = os.fspath(tmp_path / "killed")
+  script = (
+      "import sys; from metonymy import config_lib, table3\n"
+      f"config = config_lib.load_config({CONFIG_FILE!r}, 'small')\n"
+      f"config.benchmark.backbone.checkpoint = "
+      f"{os.path.join(small_table3_run.workdir, 'backbone')!r}\n"
+      "config.run_processes = 2\n"
+      f"table3.run(config, {workdir!r})\n")
+  job = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  logs = [os.path.join(workdir, f"{v}_seed0", workers.LOG_FILE) for v in ("single", "hard")]
+  pids, deadline = [], time.monotonic() + 120
+  while len(pids) < 2 and time.monotonic() < deadline and job.poll() is None:
+    time.sleep(0.5)
+    pids = [int(m.group(1)) for path in logs if os.path.exists(path)
+            for m in [re.search(r"worker, pid (\d+)\]", open(path).read())] if m]
+  assert len(pids) == 2, "the two workers never started"
+  job.kill()
+  job.wait()
+  deadline = time.monotonic() + 60
+  while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    time.sleep(0.5)
+  assert not any(_alive(p) for p in pids), "a worker outlived the job process"

@@ -6,13 +6,18 @@ with two at once (2.7 in all). The runs are independent given the stand-in, so `
 trains and benchmarks them `processes` at a time, each exactly as the job would in its own
 process (variants.train, variants.benchmark: same configs, seeds and sub-run files), and the
 job then reads them back as it reads back a finished run. Each worker's console and logs go to
-DIR/<variant>_seed<s>/log.txt.
+DIR/<variant>_seed<s>/log.txt. A worker whose job process dies (killed, preempted) stops too:
+it sends itself SIGTERM, on which a training run saves a checkpoint and stops (the rerun of the
+job resumes it), and exits.
 """
 
 import concurrent.futures
 import contextlib
 import multiprocessing
 import os
+import signal
+import sys
+import threading
 import time
 import traceback
 from typing import Iterator, List, Tuple
@@ -24,6 +29,11 @@ from metonymy.table3 import variants
 from metonymy.workdir import Workdir
 
 LOG_FILE = "log.txt"
+# How often a worker checks that the job process is alive, and how long it then gives its run
+# to save before it exits.
+PARENT_CHECK_SECONDS = 2.0
+SAVE_GRACE_SECONDS = 120.0
+_job_process = None  # In a worker: the job process's pid (_stop_with_parent).
 
 
 def process_count(requested: int, num_runs: int) -> int:
@@ -48,7 +58,6 @@ def _output_to(path: str) -> Iterator[None]:
   progress bars too) appended to `path` while the block runs."""
   os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path, "a", buffering=1) as log:
-    import sys
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
@@ -65,18 +74,39 @@ def _output_to(path: str) -> Iterator[None]:
       os.close(saved[1])
 
 
+def _stop_with_parent(parent: int) -> None:
+  """Worker initializer: a daemon thread that, once the job process `parent` is gone (this
+  process then has another parent), stops this worker as the platforms preempt a run."""
+
+  global _job_process
+  _job_process = parent
+
+  def watch() -> None:
+    while os.getppid() == parent:
+      time.sleep(PARENT_CHECK_SECONDS)
+    os.kill(os.getpid(), signal.SIGTERM)  # The trainer's handler saves and stops the run.
+    time.sleep(SAVE_GRACE_SECONDS)
+    os._exit(1)  # A run that did not stop within the grace (outside training, SIGTERM kills).
+
+  threading.Thread(target=watch, name="stop-with-parent", daemon=True).start()
+
+
 def _train_and_benchmark(config_dict: dict, variant: str, seed: int, backbone: str,
                          workdir: str) -> None:
   """A worker's one run: the job's own train and benchmark steps, output (and the traceback of
   a failure, which is raised again in the job) to its log."""
   files = Workdir(workdir)
   with _output_to(log_path(files, variant, seed)):
+    print(f"[table3 worker, pid {os.getpid()}] {variant}, run seed {seed}", flush=True)
     try:
       config = ml_collections.ConfigDict(config_dict)
       train_dir = variants.train(config, variant, seed, backbone, files)
       variants.benchmark(config, variant, seed, backbone, train_dir, files)
     except BaseException:
       traceback.print_exc()
+      if os.getppid() != _job_process:  # Stopped by _stop_with_parent: nobody to report to.
+        sys.stderr.flush()
+        os._exit(1)
       raise
 
 
@@ -92,7 +122,9 @@ def run_all(config, runs: List[Tuple[int, str]], backbone: str, workdir: Workdir
   config_dict = config.to_dict()
   console.console(f"[table3] {len(runs)} runs in {processes} worker processes; each one's output "
                   f"in DIR/<variant>_seed<s>/{LOG_FILE}")
-  with concurrent.futures.ProcessPoolExecutor(processes, mp_context=context) as pool:
+  with concurrent.futures.ProcessPoolExecutor(processes, mp_context=context,
+                                              initializer=_stop_with_parent,
+                                              initargs=(os.getpid(),)) as pool:
     futures = {pool.submit(_train_and_benchmark, config_dict, variant, int(seed), backbone,
                            os.fspath(workdir)): (variant, int(seed)) for seed, variant in runs}
     done = 0
