@@ -25,7 +25,7 @@ feature to predict part k's attributes is leakage:
 Every block is a full sub-config, so any key can be overridden, e.g.
 --config.single.trainer.num_steps=400 or --config.benchmark.evaluation.bootstrap=0.
 arg (flags): none for the demo; `tiny`, a smoke run for tests (well under a minute of compute);
-`world=v1|v2|v3`, the world (WORLDS below; v1 for now); `stand_in`, step 1 alone: pretrain the
+`world=v1|v2|v3`, the world (WORLDS below; v3 by default); `stand_in`, step 1 alone: pretrain the
 stand-in anew and write it where the demo finds it, metonymy/assets/<stand_in_name>.{npz,json}
 (the command that made the shipped files, one per world seed: add --config.world.seed=N; it saves
 its state in DIR/pretraining_state every backbone_pretraining.checkpoint_every steps, and the
@@ -90,7 +90,7 @@ WORLDS = {
                pretrain_steps=5000,
                warmup={"share": 1 / 5, "world": {"evidence_fraction": 1.0}}),
 }
-WORLD = "v1"
+WORLD = "v3"  # The world that can test part discovery (issue 27); v1, v2: the record.
 PATCH = 4
 # Stage 2's ViT learning rate at batch 64 (square-root scaled like every rate). The paper's 2e-6
 # (config_lib.part_optimizer) moves the stand-in's ViT by ~7e-4 of its norm over the demo's

@@ -30,7 +30,7 @@ optimizer with its square-root scaled rates. Scored on `test`; every choice belo
     favour two-stage: on val, without the priors, STE's NMI is below single-stage's (25.0).
 
 arg: `small` (a tiny world, 2 run seeds, seconds of training: the test), `world=v1|v2|v3`
-(configs/demo.py's WORLDS), `paper_stage2_rate`,
+(configs/demo.py's WORLDS; its WORLD, v3, by default), `paper_stage2_rate`,
 `priors=paper|off`, `split=val|test` (the evaluation split of the training runs and the probe;
 val for counterfactuals).
 """
@@ -49,13 +49,13 @@ PRIOR_WEIGHTS = ("orthogonality", "total_variation", "equivariance", "foreground
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
   arg = config_lib.parse_arg(arg, small=False, paper_stage2_rate=False, priors=PRIORS,
-                             split="test", demo_length=False, world="v1")
+                             split="test", demo_length=False, world="")
   if arg.priors not in ("paper", "off"):
     raise ValueError(f"Config argument priors={arg.priors!r}: expected 'paper' or 'off'.")
   if arg.split not in ("val", "test"):
     raise ValueError(f"Config argument split={arg.split!r}: expected 'val' or 'test'.")
-  demo = config_lib.load_sibling_config(
-      __file__, "demo", ",".join(["tiny"] * arg.small + [f"world={arg.world}"]))
+  demo = config_lib.load_sibling_config(  # world "": the demo's world (configs/demo.py WORLD).
+      __file__, "demo", ",".join(["tiny"] * arg.small + [f"world={arg.world}"] * bool(arg.world)))
   config = ml_collections.ConfigDict()
   config.job = "table3"
   config.seeds = (0, 1) if arg.small else (0, 1, 2)  # run seeds, each paired across variants

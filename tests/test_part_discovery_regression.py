@@ -25,7 +25,7 @@ MIN_SHARE, MAX_SHARE, NMI_FLOOR = 0.01, 0.90, 2.0
 
 @pytest.mark.slow
 def test_stage1_on_a_learned_backbone_does_not_collapse(tmp_path):
-  config = config_lib.load_sibling_config(CONFIG_FILE, "demo", "")
+  config = config_lib.load_sibling_config(CONFIG_FILE, "demo", "world=v1")
   backbone, record = stand_in.pretrained_backbone(config, str(tmp_path), config.world)
   assert record["source"].startswith("demo_stand_in_world0"), record["source"]
   sub = config.single
