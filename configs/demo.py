@@ -175,6 +175,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   config.seed = 0
   config.stand_in_seed = 0  # the stand-in's init and pretraining (the shipped ones: 0)
   config.readme = ""  # a README path: rewrite its <!-- demo:results:begin/end --> block
+  # Steps 2-3 (the benchmark, the two trainings) side by side in worker processes
+  # (metonymy/runs/workers.py); 0: two on a CPU with 2+ cores, one on an accelerator.
+  config.run_processes = 0
   config.world_name = arg.world
   config.world = ml_collections.ConfigDict(world(size))
   # Step 1: the stand-in for DINO. Ignored when benchmark.backbone.checkpoint is given.

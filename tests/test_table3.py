@@ -22,8 +22,8 @@ from metonymy import table3
 from metonymy.runs import subjobs
 from metonymy.table3 import report
 from metonymy.table3 import stats
+from metonymy.runs import workers
 from metonymy.table3 import variants
-from metonymy.table3 import workers
 from metonymy.workdir import Workdir
 from tests import compile_cache
 
@@ -303,9 +303,12 @@ def test_a_run_in_a_worker_process_is_the_same_run_in_this_process(small_table3_
 def test_a_failed_worker_run_stops_the_job_and_names_its_log(tmp_path):
   config = config_lib.load_config(CONFIG_FILE, "small")
   files = Workdir(os.fspath(tmp_path)).make()
-  with pytest.raises(RuntimeError, match=r"run nope, run seed 0 failed.*nope_seed0/log.txt"):
-    workers.run_all(config, [(0, "nope")], "no-backbone", files, processes=2)
-  with open(workers.log_path(files, "nope", 0)) as f:
+  log = variants.log_path(files, "nope", 0)
+  task = workers.Task("nope, run seed 0", log, variants.train_and_benchmark,
+                      (config.to_dict(), "nope", 0, "no-backbone", os.fspath(files)))
+  with pytest.raises(RuntimeError, match=r"nope, run seed 0 failed.*nope_seed0/log.txt"):
+    workers.run_all([task], 2, "[table3]")
+  with open(log) as f:
     assert "unknown variant 'nope'" in f.read()
 
 

@@ -4,7 +4,8 @@
   2. its leakage benchmark, ground-truth masks, late vs early masking (the probe job, in
      DIR/benchmark);
   3. single-stage and two-stage STE part discovery from it (the train job, in DIR/single and
-     DIR/two_stage_ste);
+     DIR/two_stage_ste); on a CPU, 2 and 3 run side by side in two worker processes
+     (config.run_processes, runs/workers.py), each sub-run's output in its DIR/<sub-run>/log.txt;
   4. DIR/report.md and DIR/results.json gathering the numbers (report.py), and with
      config.readme=PATH the README blocks (readme.py).
 
@@ -18,6 +19,7 @@ import platform
 from typing import Dict, Optional
 
 import jax
+import ml_collections
 
 from metonymy import console
 from metonymy import machine_load
@@ -29,13 +31,15 @@ from metonymy.demo import tables
 from metonymy.runs import references
 from metonymy.runs import stand_in
 from metonymy.runs import subjobs
+from metonymy.runs import workers
 from metonymy.workdir import Workdir
 from metonymy.workdir import layout
 
 
 def run_story(config, workdir) -> Dict:
   load_at_start = machine_load.load_average()  # Was the machine shared? Said in the block.
-  steps = progress.Steps(4)
+  processes = workers.process_count(int(config.get("run_processes", 1)), 3)
+  steps = progress.Steps(3 if processes > 1 else 4)
   world = config.world
   files = Workdir(workdir).make()
   console.console(f"[demo] the synthetic parts world at {world.image_size} px, cross-part "
@@ -45,17 +49,21 @@ def run_story(config, workdir) -> Dict:
   steps.begin("pretrain", "pretraining the stand-in for DINO")
   backbone, stand_in_record = stand_in.pretrained_backbone(config, files, world)
 
-  steps.begin("benchmark", "leakage benchmark: ground-truth part masks, late vs early masking")
-  bench = subjobs.run_benchmark(config, backbone, files.sub(subjobs.BENCHMARK_DIR), world)
-
-  steps.begin("part_discovery", "part discovery: single-stage, then two-stage STE")
-  trained = {}
-  for key, sub in (("single", config.single), ("two_stage", config.two_stage)):
-    console.console(f"[demo] training {key} ({sub.model.name}"
-                    f"{', ' + sub.model.stage2.mask if 'stage2' in sub.model else ''}) for "
-                    f"{sub.trainer.num_steps} steps at batch {sub.data.batch_size}")
-    trained[key] = subjobs.run_training(sub, backbone, files.sub(subjobs.TRAIN_DIRS[key]), world,
-                                        config.seed)
+  if processes > 1:  # Side by side: the longest (two-stage) first.
+    steps.begin("benchmark_and_part_discovery", "leakage benchmark (ground-truth part masks, late "
+                "vs early masking) and part discovery (single-stage, two-stage STE), side by side")
+    two_stage, bench, single = workers.run_all(
+        [_training_task(config, "two_stage", backbone, files, world),
+         workers.Task("leakage benchmark", _log(files, subjobs.BENCHMARK_DIR), _benchmark,
+                      (config.to_dict(), backbone, os.fspath(files), _plain(world))),
+         _training_task(config, "single", backbone, files, world)], processes, "[demo]")
+    trained = {"single": single, "two_stage": two_stage}
+  else:
+    steps.begin("benchmark", "leakage benchmark: ground-truth part masks, late vs early masking")
+    bench = subjobs.run_benchmark(config, backbone, files.sub(subjobs.BENCHMARK_DIR), world)
+    steps.begin("part_discovery", "part discovery: single-stage, then two-stage STE")
+    trained = {key: _train(config[key].to_dict(), backbone, os.fspath(files), key, _plain(world),
+                           int(config.seed)) for key in ("single", "two_stage")}
 
   steps.begin("report", "writing report.md and results.json")
   chance = references.chance_map(subjobs.with_world(config.single, world).data)
@@ -78,6 +86,38 @@ def run_story(config, workdir) -> Dict:
   for line in tables.collapse_warnings(results):
     console.console(f"[demo] WARNING: {line}")
   return results
+
+
+def _plain(world) -> Dict:
+  return world.to_dict() if hasattr(world, "to_dict") else dict(world)
+
+
+def _log(files: Workdir, directory: str) -> str:
+  """A worker's log: DIR/<sub-run>/log.txt."""
+  return os.path.join(os.fspath(files.sub(directory)), workers.LOG_FILE)
+
+
+def _benchmark(config_dict: Dict, backbone: str, root: str, world: Dict) -> Dict:
+  """Step 2 in a worker process (arguments that pickle)."""
+  return subjobs.run_benchmark(ml_collections.ConfigDict(config_dict), backbone,
+                               Workdir(root).sub(subjobs.BENCHMARK_DIR),
+                               ml_collections.ConfigDict(world))
+
+
+def _train(sub: Dict, backbone: str, root: str, key: str, world: Dict, seed: int) -> Dict:
+  """Step 3's `key` ("single" or "two_stage") run, here or in a worker process."""
+  sub = ml_collections.ConfigDict(sub)
+  console.console(f"[demo] training {key} ({sub.model.name}"
+                  f"{', ' + sub.model.stage2.mask if 'stage2' in sub.model else ''}) for "
+                  f"{sub.trainer.num_steps} steps at batch {sub.data.batch_size}")
+  return subjobs.run_training(sub, backbone, Workdir(root).sub(subjobs.TRAIN_DIRS[key]),
+                              ml_collections.ConfigDict(world), seed)
+
+
+def _training_task(config, key: str, backbone: str, files: Workdir, world) -> workers.Task:
+  return workers.Task(f"{key} training", _log(files, subjobs.TRAIN_DIRS[key]), _train,
+                      (config[key].to_dict(), backbone, os.fspath(files), key, _plain(world),
+                       int(config.seed)))
 
 
 def prior_costs(config, backbone: str, files: Workdir, world) -> Optional[Dict[str, Dict]]:

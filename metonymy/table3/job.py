@@ -1,5 +1,5 @@
 """run(config, workdir): the stand-in, then every (run seed, variant) trained and benchmarked
-(config.run_processes at a time, workers.py), then the figure's part maps (part_maps.py), then
+(config.run_processes at a time, runs/workers.py), then the figure's part maps (part_maps.py), then
 results.json, report.md, the figure and README's block (report.py, which formats what this
 computed). A rerun on the same workdir skips the runs that finished (their probe is read back)
 and resumes the others (the train job resumes from its checkpoint)."""
@@ -15,11 +15,11 @@ from metonymy import machine_load
 from metonymy.runs import references
 from metonymy.runs import stand_in
 from metonymy.runs import subjobs
+from metonymy.runs import workers
 from metonymy.table3 import part_maps
 from metonymy.table3 import report
 from metonymy.table3 import stats
 from metonymy.table3 import variants
-from metonymy.table3 import workers
 from metonymy.workdir import Workdir
 
 
@@ -37,7 +37,11 @@ def run(config, workdir) -> Dict:
              if not variants.finished(files, variant, seed)]
   processes = workers.process_count(int(config.get("run_processes", 1)), len(pending))
   if processes > 1:
-    workers.run_all(config, pending, backbone, files, processes)
+    workers.run_all([workers.Task(f"{variant}, run seed {seed}",
+                                  variants.log_path(files, variant, seed),
+                                  variants.train_and_benchmark,
+                                  (config.to_dict(), variant, seed, backbone, os.fspath(files)))
+                     for seed, variant in pending], processes, "[table3]")
   rows, dirs = [], {}
   for seed, variant in runs:
     if variants.finished(files, variant, seed):  # Trained and benchmarked (here or earlier).

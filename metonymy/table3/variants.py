@@ -2,6 +2,7 @@
 through the project's own jobs, and its row read back from what they wrote."""
 
 import math
+import os
 from typing import Dict, Optional
 
 import ml_collections
@@ -9,6 +10,7 @@ import ml_collections
 from metonymy import config_lib
 from metonymy.data import pipeline
 from metonymy.runs import subjobs
+from metonymy.runs import workers
 from metonymy.training import optimizer
 from metonymy.workdir import Workdir
 from metonymy.workdir import layout
@@ -87,6 +89,20 @@ def benchmark(config, variant: str, seed: int, backbone: str, train_dir: Workdir
   return subjobs.run_benchmark(ml_collections.ConfigDict({"benchmark": bench, "seed": seed}),
                                source, directory, config.world,
                                title=f"{variant}, run seed {seed}: its own part features")
+
+
+def train_and_benchmark(config_dict: Dict, variant: str, seed: int, backbone: str,
+                        workdir: str) -> None:
+  """train, then benchmark: one run, as a worker process runs it (runs/workers.py; arguments
+  that pickle)."""
+  files = Workdir(workdir)
+  config = ml_collections.ConfigDict(config_dict)
+  benchmark(config, variant, seed, backbone, train(config, variant, seed, backbone, files), files)
+
+
+def log_path(workdir: Workdir, variant: str, seed: int) -> str:
+  """DIR/<variant>_seed<s>/log.txt: a run's output when a worker process ran it."""
+  return os.path.join(os.fspath(run_dir(workdir, variant, seed)), workers.LOG_FILE)
 
 
 def row(variant: str, seed: int, world_seed: int, train_dir: str, probe: Dict) -> Dict:
