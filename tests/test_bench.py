@@ -148,5 +148,13 @@ def test_suite_command_writes_json(tmp_path, capsys):
   assert all(m["gflops_per_image"] > 0 for m in two.values())
   assert two["ste/train_step"]["gflops_per_image"] > two["ste/inference"]["gflops_per_image"]
   assert [row["fraction"] for row in results["two_stage"]["foreground_sweep"]] == [0.25, 1.0]
+  # The time-per-FLOP breakdown: a forward + backward does ~3x a forward's FLOPs, and the
+  # early-masked one more than the plain one (a longer sequence).
+  per_flop = results["two_stage"]["ms_per_gflop"]
+  assert {"vit/forward", "vit/train_step", "vit_early/train_step", "ste/train_step"} <= set(per_flop)
+  assert 2.5 < two["vit/train_step"]["gflops_per_image"] / two["vit/forward"]["gflops_per_image"] < 3.5
+  assert (two["vit_early/train_step"]["gflops_per_image"]
+          > two["vit/train_step"]["gflops_per_image"])
+  assert "Time per XLA GFLOP" in out and "early-masked ViT forward + backward" in out
   assert [row["image_size"] for row in results["attention"]["rows"]] == [32, 64]
   assert results["vit"]["timings"]["flax_plain"]["images_per_second"] > 0

@@ -197,11 +197,11 @@ def test_a_stand_in_that_does_not_fit_its_architecture_is_refused(tmp_path):
 
 
 # (world, world seed) of every stand-in shipped in metonymy/assets/.
-SHIPPED = [("v1", 0), ("v1", 1), ("v1", 2), ("v2", 0), ("v3", 0)]
+SHIPPED = [("v1", 0), ("v1", 1), ("v1", 2), ("v2", 0), ("v3", 0), ("v3", 1), ("v3", 2)]
 # The CLS head's least attribute mAP on val per world. v2's attributes sit on a disc of 15% of
 # each part: its stand-in reads them at 0.38 (chance 0.23), v1's at 0.72-0.74; v3's (v2 with a
-# plain tone per part) at 0.48.
-MIN_CLS_MAP = {"v1": 0.6, "v2": 0.35, "v3": 0.4}
+# plain tone per part) at 0.57-0.61.
+MIN_CLS_MAP = {"v1": 0.6, "v2": 0.35, "v3": 0.5}
 
 
 @pytest.mark.parametrize("world,seed", SHIPPED)

@@ -56,6 +56,17 @@ def format_two_stage(r: Dict[str, Any]) -> List[str]:
       lines.append(f"{label:28s} {_f(m['seconds'], '.4f', 9)} {_f(m['images_per_second'], '.2f', 9)} "
                    f"{_f(m['gflops_per_image'], 'gflops', 11)} {_f(_mib(m), '.1f', 9)} "
                    f"{_f(m['time_ratio_to_single'], '.2f', 9)} {_f(m['mfu'], '.1%', 7)}")
+  per_flop = r.get("ms_per_gflop") or {}
+  if "vit/forward" in per_flop:
+    forward = per_flop["vit/forward"]
+    labels = [("vit/forward", "plain ViT forward"),
+              ("vit/train_step", "plain ViT forward + backward"),
+              ("vit_early/train_step", "early-masked ViT forward + backward (Stage 2 alone)")]
+    labels += [(f"{key}/train_step", f"{label} training step") for key, label in TWO_STAGE_ROWS[:3]]
+    lines += ["", "Time per XLA GFLOP (ms), and x the plain forward's (what costs more than its "
+              "FLOPs):"]
+    lines += [f"  {label:52s} {per_flop[key]:8.3f} {per_flop[key] / forward:6.2f}x"
+              for key, label in labels if key in per_flop]
   if r["foreground_sweep"]:
     dense = v.get("hard/inference") or v["ste/inference"]
     lines += ["", f"Background dropped vs foreground fraction (synthetic layouts; dense two-stage "

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from metonymy.bench import cost
-from metonymy.bench.options import Options, patch_grid, vit_config
+from metonymy.bench.options import Options, patch_grid, tokens, vit_config
 from metonymy.training import losses
 from metonymy.models import stage1 as stage1_lib
 from metonymy.models import two_stage
@@ -206,8 +206,11 @@ def table_s5(options: Options, peak: Optional[float], notes: List[str]) -> Dict[
     for name in ("single",) + tuple(options.two_stage_masks):
       variants[f"{name}/train_step"] = cost.Variant(
           train_step(name), (params[name], frozen, images), options.batch_size)
+    variants.update(_step_references(options, config, frozen, images, gt_ids, k))
   measured = cost.measure(variants, options.repeats, peak)
   for name, m in measured.items():  # Ratios to the single-stage model in the same mode.
+    if name.startswith("vit"):  # The references of the time-per-FLOP breakdown.
+      continue
     reference = measured.get("single/train_step" if name.endswith("train_step")
                              else "single/inference")
     m["time_ratio_to_single"] = m["seconds"] / reference["seconds"]
@@ -226,7 +229,35 @@ def table_s5(options: Options, peak: Optional[float], notes: List[str]) -> Dict[
                                              "time_ratio_to_single", "flops_ratio_to_single")}
     sweep.append(row)
   cost.flag_control_flow("two_stage", measured, notes)
+  per_flop = {name: m["seconds"] / (m["gflops_per_image"] * options.batch_size) * 1e3
+              for name, m in measured.items()
+              if (name.endswith("train_step") or name == "vit/forward") and m["gflops_per_image"]}
   return {"model": options.model, "depth": config.depth, "batch_size": options.batch_size,
           "image_size": options.image_size, "num_parts": k, "num_attributes": num_attributes,
           "synthetic_foreground_fraction": gt_foreground, "goal_inference_ratio": TWO_STAGE_GOAL,
-          "variants": measured, "foreground_sweep": sweep}
+          "variants": measured, "foreground_sweep": sweep, "ms_per_gflop": per_flop}
+
+
+def _step_references(options: Options, config: vit.ViTConfig, params, images, part_ids,
+                     num_parts: int) -> Dict[str, cost.Variant]:
+  """Where a two-stage training step's time beyond its FLOP share goes: the plain ViT forward
+  (most of a single-stage step: its backbone is frozen), the plain ViT's forward + backward, and
+  the early-masked ViT's forward + backward on the same parts (Stage 2 alone). Their time per
+  XLA FLOP tells the backward pass's own cost from the masking's."""
+  backbone = options.backbone(config)
+
+  def plain(p, x):
+    return tokens(backbone.apply({"params": p}, x))
+
+  def plain_loss(p, x):
+    return sum(jnp.mean(t ** 2) for t in plain(p, x))
+
+  def early_loss(p, x, ids):
+    return sum(jnp.mean(t ** 2) for t in tokens(
+        backbone.apply({"params": p}, x, part_ids=ids, num_parts=num_parts)))
+
+  batch = options.batch_size
+  return {"vit/forward": cost.Variant(plain, (params, images), batch),
+          "vit/train_step": cost.Variant(jax.grad(plain_loss), (params, images), batch),
+          "vit_early/train_step": cost.Variant(jax.grad(early_loss), (params, images, part_ids),
+                                               batch, (2,))}
