@@ -88,6 +88,12 @@ WORLDS = {
                # CLS mAP on `val` was still rising (0.479; 0.573 after 4,000, 0.566 after 3,000:
                # docs/experiments.md, "Why Stage 1 finds nothing on v3").
                pretrain_steps=5000,
+               # Part discovery with the attribute losses alone, as the Table-3 job: with every
+               # prior at PDiscoFormer's weight single-stage collapses to the background on v3
+               # (val: 94% of the patches; docs/experiments.md, "Single-stage on v3"), and so did
+               # both of the demo's runs (93%). 700 steps each: at 1,000 the demo took 585 s on
+               # 2 idle cores, too close to its 10 minutes.
+               priors="off", single_steps=700, two_stage_steps=700,
                warmup={"share": 1 / 5, "world": {"evidence_fraction": 1.0}}),
 }
 WORLD = "v3"  # The world that can test part discovery (issue 27); v1, v2: the record.
@@ -163,8 +169,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     raise ValueError(f"Config argument world={arg.world!r}: expected one of {sorted(WORLDS)}.")
   chosen = WORLDS[arg.world]
   size = dict(SIZES["tiny" if arg.tiny else "full"], world_options=chosen["options"])
-  if not arg.tiny and "pretrain_steps" in chosen:  # A world's own stand-in schedule.
-    size["pretrain_steps"] = chosen["pretrain_steps"]
+  if not arg.tiny:  # A world's own stand-in schedule and training budget.
+    size.update({k: chosen[k] for k in ("pretrain_steps", "single_steps", "two_stage_steps")
+                 if k in chosen})
   size.setdefault("image_size", chosen["image_size"])
   image_size = size["image_size"]
   config = ml_collections.ConfigDict()
@@ -201,6 +208,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   config.benchmark = benchmark_config(size)
   config.single = training_config(__file__, "synthetic_single", size, size["single_steps"])
   config.two_stage = training_config(__file__, "synthetic_ste", size, size["two_stage_steps"])
+  if "priors" in chosen:  # The world's part-discovery recipe (otherwise the configs' own).
+    config_lib.set_priors(config.single.loss, chosen["priors"])
+    config_lib.set_priors(config.two_stage.loss, chosen["priors"])
   if arg.stand_in:  # Step 1 alone, pretraining anew: how metonymy/assets/ was made.
     config.mode = "stand_in"
     config.stand_in_output = "metonymy/assets/" + config.stand_in_name

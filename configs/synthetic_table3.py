@@ -43,8 +43,6 @@ VARIANTS = ("single", "hard", "ste", "soft")
 EPOCHS = 30
 TRAIN_EXAMPLES = 800
 PRIORS = "off"
-PRIOR_WEIGHTS = ("orthogonality", "total_variation", "equivariance", "foreground_presence",
-                 "background_presence", "entropy")
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
@@ -105,8 +103,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     single.data.eval_examples = demo_eval_examples
   if arg.paper_stage2_rate:
     single.optimizer.learning_rates.backbone = config_lib.part_optimizer().learning_rates.backbone
-  if arg.priors == "off":
-    for key in PRIOR_WEIGHTS:
-      single.loss.weights[key] = 0.0
+  config_lib.set_priors(single.loss, arg.priors)  # whatever the demo's world uses
   config.single = single
   return config

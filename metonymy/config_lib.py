@@ -279,6 +279,21 @@ def part_losses(orthogonality: str = "decorrelated") -> ml_collections.ConfigDic
   })
 
 
+# The part-shaping priors of eq. 9: every loss term but the attribute losses.
+PRIOR_TERMS = ("orthogonality", "total_variation", "equivariance", "foreground_presence",
+               "background_presence", "entropy")
+
+
+def set_priors(loss: ml_collections.ConfigDict, priors: str) -> None:
+  """`loss.weights` of every prior: "paper" (part_losses' weights) or "off" (0: the attribute
+  losses alone)."""
+  if priors not in ("paper", "off"):
+    raise ValueError(f"priors={priors!r}: expected 'paper' or 'off'.")
+  paper = part_losses().weights
+  for term in PRIOR_TERMS:
+    loss.weights[term] = paper[term] if priors == "paper" else 0.0
+
+
 def part_optimizer() -> ml_collections.ConfigDict:
   """AdamW (paper Appendix A): base rates at batch 64, square-root scaling to the actual batch,
   cosine annealing, global-norm clipping at 2, normalized weight decay 0.05. Groups are the
