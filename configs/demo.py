@@ -10,10 +10,10 @@ Steps (metonymy/demo/story.py), on the world with cross-part correlation 0, so a
 feature to predict part k's attributes is leakage:
   1. the stand-in for DINO: a tiny ViT (patch 4, width 64, depth 4; depth 2 for `tiny`)
      pretrained to predict every attribute from its CLS token and from one attention read-out
-     per part (probe/pretrain.py; image-level labels only). Its 3,000 steps take ~8 minutes on
-     2 CPU cores, so the stand-in made by exactly this recipe ships in metonymy/assets/ (one per
-     world seed 0-2; `:stand_in` remakes one) and is used when the recipe matches, else it is
-     pretrained here. Its own quality (attribute mAP of its heads on `val`) is reported. Saved as
+     per part (probe/pretrain.py; image-level labels only). On world v3 its 5,000 steps take
+     ~65 minutes on 2 CPU cores, so the stand-in made by exactly this recipe ships in
+     metonymy/assets/ (one per world seed 0-2; `:stand_in` remakes one) and is used when the
+     recipe matches, else it is pretrained here. Its own quality (attribute mAP of its heads on `val`) is reported. Saved as
      a converted backbone folder, WORKDIR/backbone, usable as --config.backbone.checkpoint
      anywhere;
   2. the leakage benchmark of that backbone with ground-truth part masks, late vs early masking
@@ -39,8 +39,9 @@ from metonymy import config_lib
 # "full" (the demo) or "tiny" (arg `tiny`) -> (train, val, test) world examples, pretraining
 #   steps, training steps of the single-stage and the two-stage model (two-stage steps cost ~6x
 #   more: K+1 isolated streams and a trainable ViT), training batch, evaluation examples,
-#   bootstrap resamples, causal-leakage images. The default fits 10 minutes on 2 shared CPU
-#   cores with margin on world v1 (README gives the measured time); `tiny` renders at 32 px.
+#   bootstrap resamples, causal-leakage images. A world may set its own pretraining and
+#   training steps (WORLDS); the default world, v3, took 377 s on 2 idle CPU cores (README gives
+#   the measured time); `tiny` renders at 32 px.
 SIZES = {
     "full": dict(depth=4, splits=(8000, 500, 1000), pretrain_steps=3000,
              probe_train=2000, single_steps=1000, two_stage_steps=1000, train_batch=16,

@@ -41,11 +41,16 @@ def write_story(files: Workdir, results: Dict) -> List[str]:
             "each part's pixels only.", "",
             shown[2], ""] + [w + "\n" for w in tables.collapse_warnings(results)]
   lines += ["## The stand-in backbone", "", shown[4], ""]
-  if results["part_discovery"].get("priors"):
+  priors = results["part_discovery"].get("priors")
+  if priors:
+    trained = any(v is not None for key in ("single", "two_stage_ste")
+                  for v in priors.get(key, {}).values())
     lines += ["## What the part-shaping priors charge", "",
-              "The priors Stage 1 is trained with (PDiscoFormer's, at its weights), on the true "
-              "parts and on the maps Stage 1 found: when the truth costs more than the found "
-              "maps, the priors pull Stage 1 away from the real parts.", "",
+              "PDiscoFormer's priors (unweighted) on the true parts and on the maps Stage 1 "
+              "found: when the truth costs more than the found maps, the priors pull Stage 1 "
+              "away from the real parts." + ("" if trained else " This run trained with the "
+              "attribute losses alone (every prior at weight 0), so only the truth's costs are "
+              "shown: what the priors would charge the real parts."), "",
               shown[6], ""]
   lines += ["## Figures", ""] + _figures(files)
   lines += ["## Timing", "",

@@ -72,14 +72,15 @@ def position_rows(part_discovery: Dict) -> List[List[str]]:
 
 def priors_table(priors: Optional[Dict[str, Dict]]) -> str:
   """What the part-shaping priors charge (unweighted; lower is preferred) the ground-truth parts
-  on the patch grid and each model's maps at its last training step."""
+  on the patch grid and each model's maps at its last training step (a model trained without
+  the priors logs none: no row)."""
   if not priors:
     return ""
   rows = [[label, *(text.fmt(priors[key].get(name)) for name in references.MAP_PRIORS)]
           for key, label in (("truth", "ground-truth parts on the patch grid (one-hot)"),
                              ("single", "single-stage maps, last training batch"),
                              ("two_stage_ste", "two-stage STE maps, last training batch"))
-          if key in priors]
+          if key in priors and any(v is not None for v in priors[key].values())]
   return probe_report.markdown_table(
       ["Part-shaping priors (unweighted, lower = preferred)", "total variation",
        "foreground presence", "background presence", "entropy"], rows)
