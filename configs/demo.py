@@ -13,9 +13,9 @@ feature to predict part k's attributes is leakage:
      per part (probe/pretrain.py; image-level labels only). On world v3 its 5,000 steps take
      ~65 minutes on 2 CPU cores, so the stand-in made by exactly this recipe ships in
      metonymy/assets/ (one per world seed 0-2; `:stand_in` remakes one) and is used when the
-     recipe matches, else it is pretrained here. Its own quality (attribute mAP of its heads on `val`) is reported. Saved as
-     a converted backbone folder, WORKDIR/backbone, usable as --config.backbone.checkpoint
-     anywhere;
+     recipe matches, else it is pretrained here. Its own quality (attribute mAP of its heads on
+     `val`) is reported. Saved as a converted backbone folder, WORKDIR/backbone, usable as
+     --config.backbone.checkpoint anywhere;
   2. the leakage benchmark of that backbone with ground-truth part masks, late vs early masking
      (job "probe" in WORKDIR/benchmark);
   3. single-stage and two-stage (STE) part discovery from it (job "train" in WORKDIR/single and

@@ -60,7 +60,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   config.variants = VARIANTS
   config.readme = ""  # a README path: rewrite its <!-- table3:results --> block
   config.figure_images = 4 if arg.small else 6
-  # Runs trained at once, each in a worker process (metonymy/table3/workers.py); 0: two on a CPU
+  # Runs trained at once, each in a worker process (metonymy/runs/workers.py); 0: two on a CPU
   # with 2+ cores (~1.6x the throughput of one on 2 cores), one on an accelerator. The runs'
   # numbers do not depend on it.
   config.run_processes = 0
