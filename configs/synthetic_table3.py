@@ -11,7 +11,8 @@ same Stage-1 initialisation (TwoStage.init gives Stage 1 the key the single-stag
 the same data order, Gumbel noise and budget for a given run seed (`config.seeds`). DIR gets
 results.json (rows, summary, paired), report.md (Table 3's layout with Table S6's mAP columns,
 the chance level, the mechanism and Stage 2's training), fig4_part_maps.png and the sub-runs
-(DIR/<variant>_seed<s>/{train,probe}); with config.readme, README's "table3:results" block.
+(DIR/<variant>_seed<s>/{train,probe}); with config.readme, README's "table3:results" block
+(world seed N > 0: "table3:results:worldN").
 
 The protocol (paper Appendix A.1) in epochs: EPOCHS passes over the first TRAIN_EXAMPLES
 images of the world's train split at batch 16 (50 steps an epoch, 1,500 steps), the paper's

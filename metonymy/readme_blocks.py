@@ -1,7 +1,8 @@
 """Generated blocks of markdown files: the text between `<!-- NAME:begin -->` and
 `<!-- NAME:end -->` is rewritten by the code that measured it; the rest of the file is left
 alone. README.md holds the demo's blocks (demo:results, demo:seeds) and the Table-3 job's
-(table3:results); docs/benchmarks.md the benchmarks' (bench:vit, bench:suite)."""
+(table3:results for world seed 0, table3:results:worldN for world seed N); docs/benchmarks.md
+the benchmarks' (bench:vit, bench:suite)."""
 
 import os
 from typing import Tuple

@@ -157,6 +157,22 @@ def test_readme_block_says_whether_the_machine_was_shared():
           in report.readme_block(results))
 
 
+def test_each_world_seed_writes_its_own_readme_block(tmp_path):
+  assert report.readme_block_name(0) == report.README_BLOCK
+  assert report.readme_block_name(1) == "table3:results:world1"
+  readme = tmp_path / "README.md"
+  readme.write_text("".join(f"<!-- {name}:begin -->\nold {name}\n<!-- {name}:end -->\n"
+                            for name in ("table3:results", "table3:results:world1")))
+  with open(os.path.join(ROOT, "docs", "table3_world0", "results.json")) as f:
+    results = json.load(f)
+  results["world_seed"] = 1
+  report.write(Workdir(os.fspath(tmp_path / "job")).make(), results, None, os.fspath(readme))
+  assert readme_blocks.read_block(os.fspath(readme), "table3:results")[1].strip() == (
+      "old table3:results")
+  world1 = readme_blocks.read_block(os.fspath(readme), "table3:results:world1")[1]
+  assert "--config.world.seed=1 " in world1 and "| Two-stage | STE masks |" in world1
+
+
 def test_figure_legend_numbers_discovered_parts_from_1():
   from matplotlib import figure
   colours = [(0.1 * k, 0.2, 0.3) for k in range(5)] + [(0.0, 0.0, 0.0)]
@@ -272,6 +288,12 @@ def test_small_job_writes_the_report_figure_and_readme_block(small_table3_run, t
   config = config_lib.load_config(CONFIG_FILE, "small")
   again = table3.run(config, rerun)
   assert again["rows"] == results["rows"]
+  # ... and its wall time says it is the rerun's, not the job's.
+  assert results["runs_read_back"] == 0 and again["runs_read_back"] == len(again["rows"])
+  assert "Wall time" in report.readme_block(again)
+  assert (f"this invocation only: {len(again['rows'])} of {len(again['rows'])} runs were trained "
+          "by an earlier invocation" in report.readme_block(again))
+  assert "this invocation only" not in block
 
 
 def test_worker_processes_two_on_a_cpu_unless_asked():

@@ -77,6 +77,8 @@ def run(config, workdir) -> Dict:
       # Table 3's chance row of NMI / ARI: mean over seeds, checked equal across variants.
       "position_baseline": stats.position_baseline(rows),
       "seconds": time.perf_counter() - start,
+      # Runs an earlier invocation on this workdir trained: "seconds" is then not the job's time.
+      "runs_read_back": len(runs) - len(pending),
       "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                   **machine_load.at_end(load_at_start)},
       "date": datetime.datetime.now().isoformat(timespec="seconds"),

@@ -19,7 +19,15 @@ from metonymy.runs import text
 from metonymy.workdir import Workdir
 from metonymy.workdir import layout
 
-README_BLOCK = "table3:results"
+README_BLOCK = "table3:results"  # world seed 0's block; readme_block_name gives the others'
+
+
+def readme_block_name(world_seed: int) -> str:
+  """README's block for a world seed's table: "table3:results" for world seed 0, then
+  "table3:results:world1", ..., so that each world's job rewrites its own table only."""
+  return README_BLOCK if int(world_seed) == 0 else f"{README_BLOCK}:world{int(world_seed)}"
+
+
 FIGURE = "fig4_part_maps.png"
 NAMES = {"single": ("Single-stage", "–"), "hard": ("Two-stage", "Hard masks"),
          "ste": ("Two-stage", "STE masks"), "soft": ("Two-stage", "Soft masks"),
@@ -214,7 +222,16 @@ def _setting(results: Dict) -> str:
           f"model's own part features over its discovered parts (late masking of the frozen "
           f"backbone for single-stage, early masking of the trained Stage-2 ViT for two-stage). "
           + machine_load.wall_time_text(f"{results['seconds'] / 60:.0f} min", results["seconds"],
-                                        results["machine"]) + ".")
+                                        results["machine"]) + _read_back_text(results) + ".")
+
+
+def _read_back_text(results: Dict) -> str:
+  """Says when the wall time is a rerun's: runs trained by an earlier invocation were read back."""
+  read_back = int(results.get("runs_read_back", 0))
+  if not read_back:
+    return ""
+  return (f", this invocation only: {read_back} of {len(results['rows'])} runs were trained by an "
+          f"earlier invocation of the job on the same workdir and read back")
 
 
 def summary_lines(results: Dict) -> List[str]:
@@ -369,6 +386,7 @@ def write(files: Workdir, results: Dict, maps: Optional[Dict], readme: str = "")
     written.append(os.fspath(files.output(FIGURE)))
   written.append(os.fspath(layout.write_text(files.report_file, markdown(results))))
   if readme:
-    readme_blocks.write_block(readme, README_BLOCK, readme_block(results))
+    readme_blocks.write_block(readme, readme_block_name(results["world_seed"]),
+                              readme_block(results))
     written.append(readme)
   return written
