@@ -55,15 +55,16 @@ def run_story(config, workdir) -> Dict:
     two_stage, bench, single = workers.run_all(
         [_training_task(config, "two_stage", backbone, files, world),
          workers.Task("leakage benchmark", _log(files, subjobs.BENCHMARK_DIR), _benchmark,
-                      (config.to_dict(), backbone, os.fspath(files), _plain(world))),
+                      (config.to_dict(), backbone, os.fspath(files), subjobs.plain_world(world))),
          _training_task(config, "single", backbone, files, world)], processes, "[demo]")
     trained = {"single": single, "two_stage": two_stage}
   else:
     steps.begin("benchmark", "leakage benchmark: ground-truth part masks, late vs early masking")
     bench = subjobs.run_benchmark(config, backbone, files.sub(subjobs.BENCHMARK_DIR), world)
     steps.begin("part_discovery", "part discovery: single-stage, then two-stage STE")
-    trained = {key: _train(config[key].to_dict(), backbone, os.fspath(files), key, _plain(world),
-                           int(config.seed)) for key in ("single", "two_stage")}
+    trained = {key: _train(config[key].to_dict(), backbone, os.fspath(files), key,
+                           subjobs.plain_world(world), int(config.seed))
+               for key in ("single", "two_stage")}
 
   steps.begin("report", "writing report.md and results.json")
   chance = references.chance_map(subjobs.with_world(config.single, world).data)
@@ -86,10 +87,6 @@ def run_story(config, workdir) -> Dict:
   for line in tables.collapse_warnings(results):
     console.console(f"[demo] WARNING: {line}")
   return results
-
-
-def _plain(world) -> Dict:
-  return world.to_dict() if hasattr(world, "to_dict") else dict(world)
 
 
 def _log(files: Workdir, directory: str) -> str:
@@ -116,8 +113,8 @@ def _train(sub: Dict, backbone: str, root: str, key: str, world: Dict, seed: int
 
 def _training_task(config, key: str, backbone: str, files: Workdir, world) -> workers.Task:
   return workers.Task(f"{key} training", _log(files, subjobs.TRAIN_DIRS[key]), _train,
-                      (config[key].to_dict(), backbone, os.fspath(files), key, _plain(world),
-                       int(config.seed)))
+                      (config[key].to_dict(), backbone, os.fspath(files), key,
+                       subjobs.plain_world(world), int(config.seed)))
 
 
 def prior_costs(config, backbone: str, files: Workdir, world) -> Optional[Dict[str, Dict]]:

@@ -16,10 +16,15 @@ BENCHMARK_DIR = "benchmark"
 TRAIN_DIRS = {"single": "single", "two_stage": "two_stage_ste"}
 
 
+def plain_world(world) -> Dict:
+  """The world's options as a plain dict (a ConfigDict or a mapping: what worker processes get)."""
+  return world.to_dict() if hasattr(world, "to_dict") else dict(world)
+
+
 def with_world(sub: ml_collections.ConfigDict, world) -> ml_collections.ConfigDict:
   """A copy of a sub-job config whose dataset options are `world` (one source of truth)."""
   sub = ml_collections.ConfigDict(sub.to_dict())
-  sub.data.options = world.to_dict() if hasattr(world, "to_dict") else dict(world)
+  sub.data.options = plain_world(world)
   return sub
 
 
