@@ -61,11 +61,15 @@ def test_unknown_arg_fails_clearly(name):
 def test_seed_rows_are_replaced_per_seed_and_kept_sorted(tmp_path):
   path = tmp_path / "README.md"
   begin, end = readme_blocks.markers(readme.SEEDS_BLOCK)
-  path.write_text(f"# t\n{begin}\n{end}\nafter\n")
+  # A row written before the position column: kept, the new column "n/a".
+  old_row = ("| 1 | 0.6 | 0.1 / 0.5 | 0.5 | 8.4 / 6.5 | 0.5 | 0.5 | 8.8 / 6.6 | 0.61 / 0.65 | 0.2 "
+             "| 9 s |")
+  path.write_text(f"# t\n{begin}\n{old_row}\n{end}\nafter\n")
   summary = {k: 0.5 for k in ("ps_late", "ps_early", "map_single", "nmi_single", "ari_single",
                               "map_two_stage_stage2", "map_two_stage_ensemble", "nmi_two_stage",
                               "ari_two_stage", "max_part_share_single",
                               "max_part_share_two_stage", "map_chance")}
+  summary.update(nmi_position=9.44, ari_position=7.06)
   run = lambda seed, value: {"world": {"seed": seed}, "summary": dict(summary, map_single=value),
                              "backbone": {"quality_val": {"cls/mAP": 0.7}},
                              "seconds": {"total": 100.0}}
@@ -73,8 +77,11 @@ def test_seed_rows_are_replaced_per_seed_and_kept_sorted(tmp_path):
   readme.write_seed_row(str(path), run(0, 0.2))
   readme.write_seed_row(str(path), run(2, 0.3))  # seed 2 again: its row is replaced
   lines = [l for l in path.read_text().splitlines() if l.startswith("| ") and l[2].isdigit()]
-  assert [l.split("|")[1].strip() for l in lines] == ["0", "2"]
-  assert "| 0.300 |" in lines[1] and "| 0.200 |" in lines[0] and "0.100" not in path.read_text()
+  assert [l.split("|")[1].strip() for l in lines] == ["0", "1", "2"]
+  assert "| 0.300 |" in lines[2] and "| 0.200 |" in lines[0] and "0.100" not in path.read_text()
+  column = readme.SEEDS_HEADER.index(readme.POSITION_COLUMN) + 1
+  assert [l.split("|")[column].strip() for l in lines] == ["9.4 / 7.1", "n/a", "9.4 / 7.1"]
+  assert "| 8.8 / 6.6 | n/a | 0.61 / 0.65 |" in lines[1]
   assert path.read_text().endswith(f"{end}\nafter\n")
 
 

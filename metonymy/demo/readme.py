@@ -11,9 +11,11 @@ from metonymy.runs import text
 
 RESULTS_BLOCK = "demo:results"
 SEEDS_BLOCK = "demo:seeds"
+# NMI / ARI's chance level: k-means on the training keypoints (evaluation/position_baseline.py).
+POSITION_COLUMN = "keypoint position alone NMI / ARI"
 SEEDS_HEADER = ["world seed", "stand-in CLS mAP (val)", "PS late / early", "single mAP",
                 "single NMI / ARI", "two-stage STE stage-2 mAP", "ensemble mAP",
-                "two-stage NMI / ARI", "largest part share (single / two-stage)",
+                "two-stage NMI / ARI", POSITION_COLUMN, "largest part share (single / two-stage)",
                 "chance mAP", "wall time"]
 
 
@@ -34,11 +36,12 @@ def write_results(path: str, results: Dict) -> None:
 def seed_row(results: Dict) -> List[str]:
   """This run's row of the per-seed table (SEEDS_HEADER)."""
   s, q = results["summary"], (results["backbone"].get("quality_val") or {})
-  pair = lambda a, b, d=1: f"{text.fmt(s[a], d)} / {text.fmt(s[b], d)}"
+  pair = lambda a, b, d=1: f"{text.fmt(s.get(a), d)} / {text.fmt(s.get(b), d)}"
   return [f"{results['world'].get('seed', 0)}", text.fmt(q.get("cls/mAP")),
           pair("ps_late", "ps_early", 3), text.fmt(s["map_single"]),
           pair("nmi_single", "ari_single"), text.fmt(s["map_two_stage_stage2"]),
           text.fmt(s["map_two_stage_ensemble"]), pair("nmi_two_stage", "ari_two_stage"),
+          pair("nmi_position", "ari_position"),
           pair("max_part_share_single", "max_part_share_two_stage", 2),
           text.fmt(s["map_chance"]), f"{results['seconds']['total']:.0f} s"]
 
@@ -51,8 +54,10 @@ def write_seed_row(path: str, results: Dict) -> None:
   for line in block.splitlines():
     cells = [c.strip() for c in line.strip().strip("|").split("|")]
     if line.startswith("|") and cells and cells[0].isdigit():
+      if len(cells) == len(SEEDS_HEADER) - 1:  # a row written before the position column
+        cells.insert(SEEDS_HEADER.index(POSITION_COLUMN), "n/a")
       rows[int(cells[0])] = cells
   row = seed_row(results)
   rows[int(row[0])] = row
-  readme_blocks.write_block(path, SEEDS_BLOCK,
-                            probe_report.markdown_table(SEEDS_HEADER, [rows[k] for k in sorted(rows)]))
+  table = probe_report.markdown_table(SEEDS_HEADER, [rows[k] for k in sorted(rows)])
+  readme_blocks.write_block(path, SEEDS_BLOCK, table)
