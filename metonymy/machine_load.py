@@ -4,15 +4,17 @@ A wall time alone cannot tell a slow program from a busy machine. The demo and t
 record, in results.json's "machine", the CPU cores this process may run on and the system's 1-,
 5- and 15-minute load averages at the job's start and end; `wall_time_text` turns them into the
 blocks' wall-time sentence. The machine counts as shared when a load average over the run
-exceeded the cores by more than OWN_THREADS: more threads wanted to run than the cores and the
-job's own input thread account for (the demo alone on 2 cores ends at a load of about 2.2).
+exceeded the cores by more than OWN_THREADS per process of the job: more threads wanted to run
+than the cores and the job's own input threads account for (the demo in one process alone on 2
+cores ends at a load of about 2.2; the Table-3 job's two worker processes, alone on 2 cores, at a
+15-minute load of 3.5: two XLA thread pools keep more threads waiting for the same cores).
 """
 
 import os
 from typing import Dict, List, Optional, Tuple
 
 LOAD_WINDOWS_MINUTES = (1, 5, 15)  # The windows of os.getloadavg(), in its order.
-# Runnable threads a job brings beside one compute thread per core (its data reading).
+# Runnable threads each process of a job brings beside one compute thread per core.
 OWN_THREADS = 1
 
 
@@ -32,10 +34,11 @@ def load_average() -> Optional[List[float]]:
     return None
 
 
-def at_end(load_average_start: Optional[List[float]]) -> Dict:
-  """The entries results.json's "machine" gains at the end of a job started with that load."""
+def at_end(load_average_start: Optional[List[float]], processes: int = 1) -> Dict:
+  """The entries results.json's "machine" gains at the end of a job started with that load and
+  run in `processes` processes (its worker processes, runs/workers.py, or itself)."""
   return {"cores": usable_cores(), "load_average_start": load_average_start,
-          "load_average_end": load_average()}
+          "load_average_end": load_average(), "processes": max(1, int(processes))}
 
 
 def peak_load(machine: Dict, wall_seconds: float) -> Optional[Tuple[float, str]]:
@@ -69,7 +72,7 @@ def wall_time_text(wall: str, wall_seconds: float, machine: Dict) -> str:
   peak = peak_load(machine, wall_seconds) if machine.get("cores") else None
   if peak is not None:
     load, when = peak
-    verdict = ("the cores were shared with other jobs" if load > machine["cores"] + OWN_THREADS
-               else "machine otherwise idle")
+    own = machine["cores"] + OWN_THREADS * int(machine.get("processes", 1))
+    verdict = "the cores were shared with other jobs" if load > own else "machine otherwise idle"
     extra.append(f"load average {load:.1f} {when}: {verdict}")
   return text + (f" ({'; '.join(extra)})" if extra else "")

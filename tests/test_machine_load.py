@@ -14,6 +14,7 @@ def test_cores_and_load_averages_come_from_the_system():
   assert record["cores"] == machine_load.usable_cores()
   assert record["load_average_start"] == [0.5, 0.4, 0.3]
   assert record["load_average_end"] is None or len(record["load_average_end"]) == 3
+  assert record["processes"] == 1 and machine_load.at_end(None, 2)["processes"] == 2
 
 
 def test_wall_time_says_when_the_cores_were_shared():
@@ -27,6 +28,13 @@ def test_wall_time_says_when_the_cores_were_shared():
   idle = dict(shared, load_average_end=[1.9, 1.7, 1.0])
   assert machine_load.wall_time_text("484 s", 484, idle) == (
       "Wall time 484 s on 2 CPU cores (load average 1.9 at the end: machine otherwise idle)")
+  # Two worker processes of the job bring a thread each: 3.5 is their own load, not a neighbour.
+  two_workers = dict(shared, load_average_end=[1.5, 2.5, 3.5], processes=2)
+  assert "machine otherwise idle" in machine_load.wall_time_text("83 min", 4980, two_workers)
+  assert "shared with other jobs" in machine_load.wall_time_text(
+      "83 min", 4980, dict(two_workers, processes=1))
+  assert "shared with other jobs" in machine_load.wall_time_text(
+      "83 min", 4980, dict(two_workers, load_average_end=[1.5, 2.5, 4.6]))
   # Already busy when the job began, quiet by its end.
   busy_start = {"cores": 2, "load_average_start": [5.2, 4.0, 3.0],
                 "load_average_end": [1.5, 1.6, 1.7]}

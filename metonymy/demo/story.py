@@ -72,7 +72,7 @@ def run_story(config, workdir) -> Dict:
   seconds = steps.finish()
   results = story_results(config, files.record(backbone), stand_in_record, bench, trained,
                           seconds)
-  results["machine"].update(machine_load.at_end(load_at_start))
+  results["machine"].update(machine_load.at_end(load_at_start, processes))
   results["part_discovery"]["chance_mAP"] = chance
   results["part_discovery"]["priors"] = priors
   results["summary"]["map_chance"] = chance

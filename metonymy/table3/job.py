@@ -80,7 +80,7 @@ def run(config, workdir) -> Dict:
       # Runs an earlier invocation on this workdir trained: "seconds" is then not the job's time.
       "runs_read_back": len(runs) - len(pending),
       "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                  **machine_load.at_end(load_at_start)},
+                  **machine_load.at_end(load_at_start, processes)},
       "date": datetime.datetime.now().isoformat(timespec="seconds"),
   }
   maps = part_maps.compute(config, dirs, int(config.seeds[0]), int(config.figure_images))
