@@ -78,13 +78,23 @@ def tiny_demo(base) -> MovedRun:
   return _written_then_moved(base, config, demo.run)
 
 
-def small_table3(base) -> MovedRun:
-  """configs/synthetic_table3.py:small, with README's Table-3 block."""
+def small_table3(base, tiny_demo_run: MovedRun) -> MovedRun:
+  """configs/synthetic_table3.py:small, with README's Table-3 block, started from the tiny
+  demo's stand-in: the same recipe (the demo's world and backbone_pretraining), so the job reuses
+  it as it reuses DIR/backbone on a rerun, and the stand-in is pretrained once per pytest
+  command. (The demo's tests read that pretraining's record and files.)"""
   from metonymy import config_lib
   from metonymy import table3
+  from metonymy.runs import stand_in
   from metonymy.table3 import report
   config = config_lib.load_config(TABLE3_CONFIG, "small")
   config.readme = _readme_with_blocks(os.path.join(base, "README_copy.md"), report.README_BLOCK)
+  demo_config = config_lib.load_sibling_config(DEMO_CONFIG, "demo", "tiny")
+  assert (stand_in.stand_in_recipe(config, config.world)
+          == stand_in.stand_in_recipe(demo_config, demo_config.world)), (
+              "configs/synthetic_table3.py:small no longer has the tiny demo's stand-in recipe")
+  shutil.copytree(os.path.join(tiny_demo_run.workdir, stand_in.BACKBONE_DIR),
+                  os.path.join(base, "written", stand_in.BACKBONE_DIR))
   return _written_then_moved(base, config, table3.run)
 
 
