@@ -72,8 +72,9 @@ trained_four_steps_run = _shared(shared_runs.trained_four_steps)
 two_stage_one_device_run = _shared(shared_runs.two_stage_one_device)
 SHARED_RUNS = ("tiny_demo_run", "small_table3_run", "synthetic_single_run", "train_reference_run",
                "trained_four_steps_run", "two_stage_one_device_run")
-# Shared runs made from another one: their first reader comes with the slow tests, so that the
-# worker that starts it finds the other run made (rather than waiting on its lock).
+# Shared runs made from another one: their first reader comes right after the other first
+# readers, so that the worker that starts it most likely finds the other run made (rather than
+# waiting on its lock) and still starts it before the slow tests.
 MADE_FROM_ANOTHER = ("small_table3_run",)
 
 

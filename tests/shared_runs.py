@@ -85,16 +85,17 @@ def small_table3(base, tiny_demo_run: MovedRun) -> MovedRun:
   command. (The demo's tests read that pretraining's record and files.)"""
   from metonymy import config_lib
   from metonymy import table3
+  from metonymy.probe import pretrain
   from metonymy.runs import stand_in
   from metonymy.table3 import report
   config = config_lib.load_config(TABLE3_CONFIG, "small")
   config.readme = _readme_with_blocks(os.path.join(base, "README_copy.md"), report.README_BLOCK)
-  demo_config = config_lib.load_sibling_config(DEMO_CONFIG, "demo", "tiny")
-  assert (stand_in.stand_in_recipe(config, config.world)
-          == stand_in.stand_in_recipe(demo_config, demo_config.world)), (
-              "configs/synthetic_table3.py:small no longer has the tiny demo's stand-in recipe")
-  shutil.copytree(os.path.join(tiny_demo_run.workdir, stand_in.BACKBONE_DIR),
-                  os.path.join(base, "written", stand_in.BACKBONE_DIR))
+  backbone = os.path.join(tiny_demo_run.workdir, stand_in.BACKBONE_DIR)
+  # The check stand_in.pretrained_backbone makes of a shipped stand-in: the recorded recipe.
+  recorded = pretrain.read_stand_in_record(os.path.join(backbone, stand_in.STAND_IN_FILE))
+  assert recorded.get("recipe") == stand_in.stand_in_recipe(config, config.world), (
+      "configs/synthetic_table3.py:small no longer has the tiny demo's stand-in recipe")
+  shutil.copytree(backbone, os.path.join(base, "written", stand_in.BACKBONE_DIR))
   return _written_then_moved(base, config, table3.run)
 
 
