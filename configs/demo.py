@@ -10,7 +10,7 @@ Steps (metonymy/demo/story.py), on the world with cross-part correlation 0, so a
 feature to predict part k's attributes is leakage:
   1. the stand-in for DINO: a tiny ViT (patch 4, width 64, depth 4; depth 2 for `tiny`)
      pretrained to predict every attribute from its CLS token and from one attention read-out
-     per part (probe/pretrain.py; image-level labels only). On world v3 its 5,000 steps take
+     per part (training/pretraining.py; image-level labels only). On world v3 its 5,000 steps take
      ~65 minutes on 2 CPU cores, so the stand-in made by exactly this recipe ships in
      metonymy/assets/ (one per world seed 0-2; `:stand_in` remakes one) and is used when the
      recipe matches, else it is pretrained here. Its own quality (attribute mAP of its heads on

@@ -15,7 +15,7 @@ arg (flags, `tiny,trained` combines them):
            the rest of the image changes (causal leakage), but what leaks is mostly background
            and barely decodable, so late PS ~ early PS.
   trained  each backbone first pretrained for 600 steps on the world's attributes (CLS head and
-           one attention read-out per part, probe/pretrain.py; ~15 min in all on 2 CPU cores):
+           one attention read-out per part, training/pretraining.py; ~15 min in all on 2 CPU cores):
            it gathers object information into every patch, and late PS falls below early PS,
            as in the paper. configs/demo.py's stand-in is the same recipe trained 5x longer.
   tiny     seconds (32 px, depth 2, 96 / 48 / 64 examples, one seed); the smoke test.

@@ -14,6 +14,7 @@ Nothing here imports JAX or Flax: a config loads without an accelerator stack.
 import copy
 import importlib.util
 import os
+from typing import Dict, Optional
 
 import ml_collections
 
@@ -225,12 +226,15 @@ def probe_evaluation(*, tau: float = 0.1, manual_assignment: str = "", bootstrap
 def backbone_pretraining(steps: int = 0, *, batch_size: int = 32, learning_rate: float = 1e-3,
                          weight_decay: float = 0.05, images: int = 4000,
                          loss: str = "group_softmax", augment: str = "flip",
-                         evaluate_every: int = 0,
-                         checkpoint_every: int = 250) -> ml_collections.ConfigDict:
-  """Supervised pretraining of a random-init backbone from image-level attributes
-  (probe/pretrain.py): a CLS head and an attention read-out per part on the first `images`
-  training examples; `loss` "group_softmax" (softmax over one-hot attribute groups) or "bce";
-  `augment` "flip" or "affine" (flips plus random similarities, pretrain.AUGMENTATIONS).
+                         evaluate_every: int = 0, checkpoint_every: int = 250,
+                         objective: str = "attributes",
+                         self_supervised: Optional[Dict] = None) -> ml_collections.ConfigDict:
+  """Pretraining of a random-init backbone on the first `images` training examples
+  (training/pretraining.py). `objective` "attributes": supervised, a CLS head and an attention
+  read-out per part; `loss` "group_softmax" (softmax over one-hot attribute groups) or "bce";
+  `augment` "flip" or "affine" (flips plus random similarities, pretraining.AUGMENTATIONS).
+  "self_supervised": DINOv2's objectives, with `self_supervised` the options of
+  training/self_supervised.Recipe that differ from its defaults (an unknown one is refused).
   steps = 0: the random weights as they are. `evaluate_every` > 0: the stand-in's quality on
   `val` every that many steps of its main stage (record key `quality_curve`); not part of the
   recipe, since it does not change the weights. `checkpoint_every`: the stand-in job (demo mode
@@ -240,7 +244,9 @@ def backbone_pretraining(steps: int = 0, *, batch_size: int = 32, learning_rate:
                                     "learning_rate": learning_rate, "weight_decay": weight_decay,
                                     "images": images, "loss": loss, "augment": augment,
                                     "evaluate_every": evaluate_every,
-                                    "checkpoint_every": checkpoint_every})
+                                    "checkpoint_every": checkpoint_every,
+                                    "objective": objective,
+                                    "self_supervised": dict(self_supervised or {})})
 
 
 # ------------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from metonymy.workdir import layout
 # job name -> module with run(config, workdir).
 JOBS = {
     "backbone_smoke": "metonymy.probe.smoke",
-    "probe": "metonymy.probe",  # Leakage benchmark: late vs early masked features, PS, MPPO.
+    "probe": "metonymy.runs.probe",  # Leakage benchmark: late vs early masked features, PS, MPPO.
     "train": "metonymy.training.trainer",  # Part discovery (Stage 1, two-stage) training.
     "demo": "metonymy.demo",  # The end-to-end story on the synthetic world.
     "table3": "metonymy.table3",  # Single- vs two-stage part discovery, paired run seeds.

@@ -81,12 +81,12 @@ def evidence_geometry(test, num_parts: int, patch_size: int,
                       rng: np.random.Generator) -> Optional[Dict[str, list]]:
   """Per part: the share of images where its patches hold some of its evidence pixels, whole
   and in a contiguous quarter. None for a world whose parts show their attributes everywhere."""
-  from metonymy.probe import masks
+  from metonymy.evaluation import patch_grid
   if "part_evidence" not in test[0]:
     return None
   segmentation = np.stack([e["part_segmentation"] for e in test])
   evidence = np.stack([e["part_evidence"] for e in test])
-  ids, _ = masks.patch_part_ids(masks.segmentation_part_labels(segmentation, num_parts),
+  ids, _ = patch_grid.patch_part_ids(patch_grid.segmentation_part_labels(segmentation, num_parts),
                                 num_parts, patch_size)
   quarters = contiguous_quarters(ids, num_parts, rng)
   b, h, w = ids.shape
@@ -125,14 +125,14 @@ def mechanism(model, params, vit_config, transforms, train, test, latents_train,
   from sklearn import linear_model
   from sklearn import preprocessing
   from metonymy.probe import features as features_lib
-  from metonymy.probe import masks
+  from metonymy.evaluation import patch_grid
   extractors = features_lib.make_extractors(model, num_parts)
   patch = vit_config.patch_size
 
   def regions(rng):
     def whole(batch):
-      labels = masks.segmentation_part_labels(batch["part_segmentation"], num_parts)
-      return masks.patch_part_ids(labels, num_parts, patch)
+      labels = patch_grid.segmentation_part_labels(batch["part_segmentation"], num_parts)
+      return patch_grid.patch_part_ids(labels, num_parts, patch)
 
     def quarter(batch):
       ids, coverage = whole(batch)
@@ -182,7 +182,7 @@ def _backbone(config, path: str):
   from metonymy import loading
   from metonymy.runs import stand_in
   from metonymy.models import vit
-  from metonymy.probe import pretrain
+  from metonymy.training import pretraining as pretrain
   if path:
     import ml_collections
     block = ml_collections.ConfigDict(config.backbone.to_dict())
@@ -204,7 +204,7 @@ def check(config, *, backbone: str = "", split: str = "val", train_images: int =
   """Every number of the module docstring, as a dict."""
   from metonymy.data import synthetic
   from metonymy.probe import benchmark
-  from metonymy.probe import pretrain
+  from metonymy.training import pretraining as pretrain
   from metonymy.runs import references
   from metonymy.runs import subjobs
   if split == "test":

@@ -85,7 +85,7 @@ def small_table3(base, tiny_demo_run: MovedRun) -> MovedRun:
   command. (The demo's tests read that pretraining's record and files.)"""
   from metonymy import config_lib
   from metonymy import table3
-  from metonymy.probe import pretrain
+  from metonymy.training import pretraining as pretrain
   from metonymy.runs import stand_in
   from metonymy.table3 import report
   config = config_lib.load_config(TABLE3_CONFIG, "small")

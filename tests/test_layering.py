@@ -130,6 +130,47 @@ def test_the_upward_check_sees_a_planted_import(tmp_path):
       "metonymy.workdir.layout": ["metonymy.loading"]}
 
 
+# The leakage benchmark measures; it trains nothing. A backbone it probes is pretrained by the
+# floor above (runs/probe.py), and part discovery's training reads no probe module.
+TRAINERS = ("metonymy.training.pretraining", "metonymy.training.self_supervised",
+            "metonymy.training.trainer")
+
+
+def crossings(graph):
+  """{module: [imports]} of probe/ modules importing a trainer, and training/ modules importing
+  probe/."""
+  found = {}
+  for module, targets in graph.items():
+    if _in(module, ("metonymy.probe",)):
+      bad = sorted(t for t in targets if _in(t, TRAINERS))
+    elif _in(module, ("metonymy.training",)):
+      bad = sorted(t for t in targets if _in(t, ("metonymy.probe",)))
+    else:
+      continue
+    if bad:
+      found[module] = bad
+  return found
+
+
+def test_probe_imports_no_trainer_and_training_no_probe():
+  assert crossings(import_graph()) == {}
+
+
+def test_the_crossing_check_sees_a_planted_import(tmp_path):
+  package = tmp_path / "metonymy"
+  for folder in ("training", "probe"):
+    (package / folder).mkdir(parents=True)
+    (package / folder / "__init__.py").write_text("")
+  (package / "__init__.py").write_text("")
+  (package / "probe" / "masks.py").write_text("")
+  (package / "training" / "pretraining.py").write_text("")
+  (package / "training" / "evaluate.py").write_text("from metonymy.probe import masks\n")
+  (package / "probe" / "job.py").write_text("def f():\n  from metonymy.training import pretraining\n")
+  assert crossings(import_graph(str(package))) == {
+      "metonymy.probe.job": ["metonymy.training.pretraining"],
+      "metonymy.training.evaluate": ["metonymy.probe.masks"]}
+
+
 def test_the_checks_see_a_planted_cycle_and_a_function_level_import(tmp_path):
   # The check must find arrows hidden in functions, or it passes on the cycle it exists for.
   package = tmp_path / "pkg"

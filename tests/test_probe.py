@@ -397,7 +397,7 @@ def _synthetic_config():
 
 
 def _synthetic_run(tmp_path, seed, pretrain_steps, batch_size=16):
-  from metonymy.probe import pretrain
+  from metonymy.training import pretraining as pretrain
   config = _synthetic_config()
   model, params, vit_config = loading.build_backbone(config.backbone, seed)
   if pretrain_steps:

@@ -305,7 +305,7 @@ def patch_confusion(true_part_ids: np.ndarray, discovered_part_ids: np.ndarray,
 
   Args:
     true_part_ids: int [..., h, w] in 0..G (G = background): the ground truth on the patch grid
-      (e.g. `probe.masks.patch_part_ids` of a part segmentation, plurality rule).
+      (e.g. `evaluation.patch_grid.patch_part_ids` of a part segmentation, plurality rule).
     discovered_part_ids: int [..., h, w] in 0..K (K = background): the argmax over the K + 1 maps.
     num_true_parts: G.
     num_parts: K.

@@ -317,11 +317,15 @@ class VisionTransformer(nn.Module):
       raise ValueError(f"Image size {height}x{width} is not a multiple of the patch size {p}.")
     return height // p, width // p
 
-  def embed(self, images: jnp.ndarray):
+  def embed(self, images: jnp.ndarray, token_mask: Optional[jnp.ndarray] = None,
+            mask_token: Optional[jnp.ndarray] = None):
     """Tokens before the first block.
 
     Args:
       images: float [B, H, W, 3], already normalized.
+      token_mask: optional bool [B, N]: patches whose embedding is replaced by `mask_token` [D]
+        before the position embedding is added (masked-image modelling: iBOT, SimMIM). The mask
+        token belongs to the pretraining that learns it, not to the backbone.
 
     Returns:
       prefix_tokens [B, P, D], patch_tokens [B, N, D], and rope (sin, cos) [N, head_dim] or None.
@@ -331,6 +335,8 @@ class VisionTransformer(nn.Module):
     patches = self.patch_embed(images.astype(self.dtype))
     batch = patches.shape[0]
     patches = patches.reshape(batch, grid[0] * grid[1], cfg.width)
+    if token_mask is not None:
+      patches = jnp.where(token_mask[..., None], mask_token.astype(self.dtype), patches)
     if cfg.pos_embed_grid is not None:
       table = pos_lib.resize_grid_embedding(self.pos_embed, cfg.pos_embed_grid, grid,
                                             cfg.pos_embed_resize)
@@ -477,7 +483,8 @@ class VisionTransformer(nn.Module):
                num_parts: Optional[int] = None, attention_bias: Optional[jnp.ndarray] = None,
                straight_through_bias: Optional[jnp.ndarray] = None,
                return_intermediates: bool = False,
-               drop_background: bool = False) -> Dict[str, Any]:
+               drop_background: bool = False, token_mask: Optional[jnp.ndarray] = None,
+               mask_token: Optional[jnp.ndarray] = None) -> Dict[str, Any]:
     """Plain or early-masked forward.
 
     Args:
@@ -494,6 +501,7 @@ class VisionTransformer(nn.Module):
       drop_background: inference with hard masks: skip the background group (its prefix copy
         and patches, block_sparse.py). Foreground outputs are bit-identical to the
         split_background forward's; the background's prefix and patch tokens come back as zeros.
+      token_mask, mask_token: masked-image modelling (`embed`); plain forward only.
 
     Returns:
       A dict with `prefix_tokens [B, P, D]` (plain) or `[B, (K+1) P, D]` (early), `patch_tokens
@@ -501,7 +509,9 @@ class VisionTransformer(nn.Module):
       (or `[B, K+1, E]`) for models with a CLS projection, and `intermediates` when asked.
     """
     cfg = self.config
-    prefix, patches, rope = self.embed(images)
+    if token_mask is not None and part_ids is not None:
+      raise ValueError("token_mask is for the plain forward (pretraining), not early masking.")
+    prefix, patches, rope = self.embed(images, token_mask, mask_token)
     batch, num_patches = patches.shape[:2]
     out = {}
     if part_ids is None:

@@ -5,7 +5,8 @@ every seed in `config.seeds`, runs `benchmark.evaluate`, then writes results.jso
 the figures (report.py) into the workdir.
 
 Seeds: a random-init backbone is initialised with the seed (so seeds are different backbones), and
-optionally pretrained for `backbone_pretraining.steps` (pretrain.py); a checkpoint is loaded once
+optionally pretrained for `backbone_pretraining.steps` (by the caller's `prepare_backbone`:
+runs/probe.py, training/pretraining.py); a checkpoint is loaded once
 and the seed only changes the val carve-out and the bootstrap draws.
 Suite backbones without a checkpoint are skipped (and listed in the report) unless
 `allow_random_backbone` is set.
@@ -13,14 +14,13 @@ Suite backbones without a checkpoint are skipped (and listed in the report) unle
 
 import os
 import time
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from absl import logging
 
 from metonymy import console
 from metonymy import loading
 from metonymy.probe import benchmark
-from metonymy.probe import pretrain
 from metonymy.probe import report
 from metonymy.training import writers
 from metonymy.workdir import Workdir
@@ -40,7 +40,10 @@ def _default_name(backbone_cfg) -> str:
   return f"{backbone_cfg.preset}-random"
 
 
-def run(config, workdir) -> Dict:
+def run(config, workdir, prepare_backbone: Optional[Callable] = None) -> Dict:
+  """The benchmark of every backbone and seed. `prepare_backbone(model, params, vit_config,
+  seed) -> params` readies a random-init backbone (runs/probe.py passes the pretraining that
+  `backbone_pretraining.steps > 0` asks for); None: used as initialised."""
   start = time.perf_counter()
   cache_root = config.features.cache_dir or os.fspath(Workdir(workdir).feature_cache)
   suite = "backbones" in config
@@ -68,7 +71,8 @@ def run(config, workdir) -> Dict:
         model, params, vit_config = loaded
       else:
         model, params, vit_config = loading.build_backbone(backbone_cfg, seed)
-        params = _maybe_pretrain(config, model, params, vit_config, int(seed))
+        if prepare_backbone is not None:
+          params = prepare_backbone(model, params, vit_config, int(seed))
       console.console(f"[probe] {name} seed {seed}: {vit_config.depth} blocks, width "
                       f"{vit_config.width}, patch {vit_config.patch_size}, {config.data.dataset} "
                       f"at {config.data.image_size or vit_config.image_size} px")
@@ -145,27 +149,6 @@ def _with_backbone_maskings(config, backbone_cfg):
   config = config.copy_and_resolve_references()
   config.features.maskings = maskings
   return config
-
-
-def pretrain_options(pre) -> dict:
-  """Keyword arguments of pretrain.pretrain from a `backbone_pretraining` config block."""
-  return {"steps": int(pre.steps), "batch_size": int(pre.batch_size),
-          "learning_rate": float(pre.learning_rate), "weight_decay": float(pre.weight_decay),
-          "images": int(pre.images), "loss": str(pre.loss), "augment": str(pre.augment)}
-
-
-def _maybe_pretrain(config, model, params, vit_config, seed: int):
-  """Quick supervised pretraining of a random-init backbone (pretrain.py), if configured."""
-  steps = int(config.backbone_pretraining.steps) if "backbone_pretraining" in config else 0
-  if steps <= 0:
-    return params
-  pre = config.backbone_pretraining
-  source, _, _ = benchmark.open_split(config.data, config.data.train, 0)
-  console.console(f"[probe] pretraining the random-init backbone for {steps} steps on "
-                  f"{config.data.dataset}/{config.data.train}")
-  transforms = benchmark.eval_transforms(vit_config, config.data)
-  return pretrain.pretrain(model, params, source, transforms, seed=seed,
-                           **pretrain_options(pre)).params
 
 
 def _f(value, digits: int = 3) -> str:

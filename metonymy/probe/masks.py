@@ -47,66 +47,15 @@ from typing import Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 
 from metonymy.evaluation import part_names as part_names_lib
+from metonymy.evaluation import patch_grid
 from metonymy.probe import cache as cache_lib
 
-PATCH_RULES = ("plurality", "foreground")
 SOURCES = ("ground_truth", "file", "stage1")
 
 
 class PartMaps(NamedTuple):
   labels: np.ndarray  # int32 [B, H, W] in [0, K]
   foreground: Optional[np.ndarray]  # int32 [B, H, W] in [0, K - 1], or None
-
-
-# ------------------------------------------------------------------------------------------------
-# Pixel maps -> patch grid.
-
-
-def patch_counts(labels: np.ndarray, num_parts: int, patch_size: int) -> np.ndarray:
-  """Pixels of every label in every patch.
-
-  Args:
-    labels: int [B, H, W] in [0, K]; H and W multiples of patch_size.
-    num_parts: K.
-    patch_size: p.
-
-  Returns:
-    int32 [B, H / p, W / p, K + 1].
-  """
-  labels = np.asarray(labels)
-  b, h, w = labels.shape
-  if h % patch_size or w % patch_size:
-    raise ValueError(f"part maps of {h}x{w} pixels do not tile into {patch_size}-pixel patches")
-  if labels.size and (labels.min() < 0 or labels.max() > num_parts):
-    raise ValueError(f"part labels must lie in [0, {num_parts}], got "
-                     f"[{labels.min()}, {labels.max()}]")
-  gh, gw = h // patch_size, w // patch_size
-  rows = np.arange(h) // patch_size
-  cols = np.arange(w) // patch_size
-  cell = (np.arange(b)[:, None, None] * gh + rows[None, :, None]) * gw + cols[None, None, :]
-  flat = cell.astype(np.int64) * (num_parts + 1) + labels.astype(np.int64)
-  counts = np.bincount(flat.ravel(), minlength=b * gh * gw * (num_parts + 1))
-  return counts.reshape(b, gh, gw, num_parts + 1).astype(np.int32)
-
-
-def patch_part_ids(labels: np.ndarray, num_parts: int, patch_size: int,
-                   rule: str = "plurality") -> Tuple[np.ndarray, np.ndarray]:
-  """Part id of every patch under `rule` (see the module docstring), and pixel coverage.
-
-  Returns:
-    (int32 part ids [B, h, w] in [0, K], float32 coverage [B, h, w, K + 1]: the fraction of the
-    patch's pixels carrying each label).
-  """
-  if rule not in PATCH_RULES:
-    raise ValueError(f"patch rule must be one of {PATCH_RULES}, got {rule!r}")
-  counts = patch_counts(labels, num_parts, patch_size)
-  coverage = (counts / float(patch_size * patch_size)).astype(np.float32)
-  if rule == "plurality":
-    ids = np.argmax(counts, axis=-1)
-  else:
-    fg = counts[..., :num_parts]
-    ids = np.where(fg.sum(-1) > 0, np.argmax(fg, axis=-1), num_parts)
-  return ids.astype(np.int32), coverage
 
 
 def pixel_mask_of_patches(part_ids: np.ndarray, part: int, patch_size: int) -> np.ndarray:
@@ -198,27 +147,8 @@ class GroundTruthMasks:
       raise ValueError("masks.source='ground_truth' needs `part_segmentation` in the examples "
                        "(only the synthetic world has it); use masks.source='file' with saved "
                        "part maps for real datasets")
-    return PartMaps(segmentation_part_labels(batch["part_segmentation"], self.num_parts), None)
-
-
-def segmentation_part_labels(segmentation: np.ndarray, num_parts: int) -> np.ndarray:
-  """A `part_segmentation` (0 = background, g + 1 = part g) as part labels with the background
-  last, as everywhere else here: int32 [..., H, W] in [0, K], K = background."""
-  seg = np.asarray(segmentation).astype(np.int32)
-  if seg.max(initial=0) > num_parts:
-    raise ValueError(f"part_segmentation holds label {seg.max()} but the dataset has "
-                     f"{num_parts} keypoint groups")
-  return np.where(seg == 0, num_parts, seg - 1).astype(np.int32)
-
-
-def _resize_nearest(maps: np.ndarray, size: Tuple[int, int]) -> np.ndarray:
-  """Nearest-neighbour resize of [..., h, w] to [..., H, W] (pixel-centre sampling)."""
-  h, w = maps.shape[-2:]
-  if (h, w) == tuple(size):
-    return maps
-  rows = np.minimum(((np.arange(size[0]) + 0.5) * h / size[0]).astype(np.int64), h - 1)
-  cols = np.minimum(((np.arange(size[1]) + 0.5) * w / size[1]).astype(np.int64), w - 1)
-  return maps[..., rows[:, None], cols[None, :]]
+    return PartMaps(patch_grid.segmentation_part_labels(batch["part_segmentation"],
+                                                        self.num_parts), None)
 
 
 class FileMasks:
@@ -311,11 +241,11 @@ class FileMasks:
     maps = np.asarray(self.maps[index])
     k = self.num_parts
     if self.soft:
-      maps = _resize_nearest(maps, size)
+      maps = patch_grid.resize_nearest(maps, size)
       labels = np.argmax(maps, axis=1).astype(np.int32)
       foreground = np.argmax(maps[:, :k], axis=1).astype(np.int32)
       return PartMaps(labels, foreground)
-    labels = _resize_nearest(maps, size).astype(np.int32)
+    labels = patch_grid.resize_nearest(maps, size).astype(np.int32)
     if self.background == "first":
       labels = np.where(labels == 0, k, labels - 1)
     if labels.min(initial=0) < 0 or labels.max(initial=0) > k:

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 
 from metonymy import data as data_lib
-from metonymy.probe import masks
+from metonymy.evaluation import patch_grid
 from metonymy.training import losses
 
 # The part-shaping priors that depend on the maps alone: objective.loss_fn's term name -> the
@@ -33,9 +33,9 @@ def priors_of_the_truth(data_cfg, patch_size: int) -> Dict[str, float]:
   this patch grid, prefer the true parts to what Stage 1 found."""
   source, count = evaluated_examples(data_cfg)
   num_parts = len(source.info.part_names)
-  labels = masks.segmentation_part_labels(
+  labels = patch_grid.segmentation_part_labels(
       np.stack([source[i]["part_segmentation"] for i in range(count)]), num_parts)
-  ids, _ = masks.patch_part_ids(labels, num_parts, patch_size)
+  ids, _ = patch_grid.patch_part_ids(labels, num_parts, patch_size)
   maps = np.moveaxis(np.eye(num_parts + 1, dtype=np.float32)[ids], -1, 1)
   batch = int(data_cfg.batch_size)
   chunks = [maps[i:i + batch] for i in range(0, count - batch + 1, batch)] or [maps]

@@ -1,6 +1,6 @@
 """The stand-in for DINO that the demo and Table 3 start from: a tiny ViT pretrained on the world's
-image-level attributes (probe/pretrain.py), since a real DINO checkpoint neither fits the
-synthetic world nor runs in minutes on a CPU. `pretrained_backbone` (use a given backbone, reuse
+images (training/pretraining.py: self-supervised as DINOv2, or on image-level attributes), since
+a real DINO checkpoint neither fits the synthetic world nor runs in minutes on a CPU. `pretrained_backbone` (use a given backbone, reuse
 DIR/backbone, take the one shipped in metonymy/assets/ when it was made by exactly this recipe,
 else pretrain one) and the demo's mode "stand_in" that remakes the shipped files."""
 
@@ -16,9 +16,9 @@ from metonymy import loading
 from metonymy.converters import store
 from metonymy.models import vit
 from metonymy.probe import benchmark
-from metonymy.probe import job as probe_job
-from metonymy.probe import pretrain
 from metonymy.runs import subjobs
+from metonymy.training import pretraining
+from metonymy.training import writers
 from metonymy.runs import text
 from metonymy.workdir import Workdir
 from metonymy.workdir import layout
@@ -57,6 +57,11 @@ def stand_in_recipe(config, world) -> Dict:
   the world its training images come from (the val/test sizes do not matter)."""
   pre = {k: v for k, v in config.backbone_pretraining.to_dict().items()
          if k not in RECIPE_FREE_KEYS}
+  if pre.get("objective", "attributes") == "attributes":
+    # The supervised recipe as it was before the self-supervised one existed: the stand-ins
+    # shipped for it keep matching.
+    pre.pop("objective", None)
+    pre.pop("self_supervised", None)
   world = world.to_dict() if hasattr(world, "to_dict") else dict(world)
   world = dict(world, splits={"train": int(dict(world["splits"])["train"])})
   return json.loads(json.dumps({"arch": config.backbone.arch.to_dict(), "preset":
@@ -64,16 +69,28 @@ def stand_in_recipe(config, world) -> Dict:
                                 "pretraining": pre, "world": world}))
 
 
-def pretrain_stand_in(config, world, state_dir: str = ""):
-  """(vit_config, pretrain.Pretrained, record): config.backbone initialised with the stand-in
+def pretrain(model, params, source, transforms, pre, seed: int, **kwargs):
+  """training/pretraining.pretrain with the options of a `backbone_pretraining` config block
+  (config_lib.backbone_pretraining); kwargs: the loop's other arguments (state, evaluation)."""
+  options = {"steps": int(pre.steps), "batch_size": int(pre.batch_size),
+             "learning_rate": float(pre.learning_rate), "weight_decay": float(pre.weight_decay),
+             "images": int(pre.images), "loss": str(pre.loss), "augment": str(pre.augment),
+             "objective": str(pre.get("objective", "attributes"))}
+  if options["objective"] == "self_supervised":
+    options["self_supervised_options"] = pre.self_supervised.to_dict()
+  options.update(kwargs)
+  return pretraining.pretrain(model, params, source, transforms, seed=seed, **options)
+
+
+def pretrain_stand_in(config, world, state_dir: str = "", writer=None):
+  """(vit_config, pretraining.Pretrained, record): config.backbone initialised with the stand-in
   seed (config.stand_in_seed) and pretrained on the world's training split
-  (probe/pretrain.py). With `state_dir`, each stage saves its state in a folder of it every
-  backbone_pretraining.checkpoint_every steps, and a rerun resumes there."""
+  (training/pretraining.py). With `state_dir`, each stage saves its state in a folder of it every
+  backbone_pretraining.checkpoint_every steps, and a rerun resumes there; `writer`
+  (training/writers.MetricWriter) takes the main stage's loss terms and quality curve."""
   model, params, vit_config = loading.build_backbone(config.backbone, _seed(config))
   pre = config.backbone_pretraining
-  options = probe_job.pretrain_options(pre)
-  if state_dir:
-    options["checkpoint_every"] = int(pre.get("checkpoint_every", 0))
+  options = {"checkpoint_every": int(pre.get("checkpoint_every", 0))} if state_dir else {}
   stage_dir = lambda stage: os.path.join(state_dir, stage) if state_dir else ""
   heads, record = None, {}
   warmup_steps = int(pre.get("warmup_steps", 0))
@@ -86,29 +103,32 @@ def pretrain_stand_in(config, world, state_dir: str = ""):
     warm_source, transforms = _training_images(config, warm_world, vit_config)
     console.console(f"[demo] warm-up: {warmup_steps} pretraining steps on the world with "
                     f"{pre.warmup_world.to_dict()}")
-    warm = pretrain.pretrain(model, params, warm_source, transforms, seed=_seed(config),
-                             state_dir=stage_dir("warmup"), **dict(options, steps=warmup_steps))
+    warm_pre = ml_collections.ConfigDict(pre.to_dict())
+    warm_pre.steps = warmup_steps
+    warm = pretrain(model, params, warm_source, transforms, warm_pre, _seed(config),
+                    state_dir=stage_dir("warmup"), **options)
     params, heads = warm.params, warm.heads
     record["warmup_loss_history"] = warm.loss_history
   source, transforms = _training_images(config, world, vit_config)
 
   def evaluate(step, params, heads):
     quality = stand_in_quality(config, world, vit_config, params, heads)
-    console.console(f"[demo] stand-in at step {step}: CLS-head mAP on val "
-                    f"{text.fmt(quality.get('cls/mAP'))}, part read-out "
-                    f"{text.fmt(quality.get('parts/mAP'))}, a patch's part "
-                    f"{text.fmt(quality.get('part_probe/balanced_accuracy'))}, k-means fg NMI "
-                    f"{text.fmt(quality.get('kmeans_fg/NMI'), 1)}")
+    blocks = " / ".join(text.fmt(quality.get(f"kmeans_fg/NMI/block{b + 1}"), 1)
+                        for b in range(vit_config.depth))
+    console.console(f"[demo] stand-in at step {step}, on val: k-means fg NMI "
+                    f"{text.fmt(quality.get('kmeans_fg/NMI'), 1)} (blocks {blocks}; position "
+                    f"alone {text.fmt(quality.get('position_fg/NMI'), 1)}), a patch's part "
+                    f"{text.fmt(quality.get('part_probe/balanced_accuracy'))}, CLS attribute "
+                    f"probe mAP {text.fmt(quality.get('cls_probe/mAP'))}")
     return quality
 
   console.console(f"[demo] pretraining a ViT (patch {vit_config.patch_size}, width "
                   f"{vit_config.width}, depth {vit_config.depth}) at {vit_config.image_size} px "
                   f"for {int(pre.steps)} steps on {min(int(pre.images), len(source))} training "
                   "images")
-  trained = pretrain.pretrain(model, params, source, transforms, seed=_seed(config),
-                              heads=heads, evaluate=evaluate,
-                              evaluate_every=int(pre.get("evaluate_every", 0)),
-                              state_dir=stage_dir("main"), **options)
+  trained = pretrain(model, params, source, transforms, pre, _seed(config), heads=heads,
+                     evaluate=evaluate, evaluate_every=int(pre.get("evaluate_every", 0)),
+                     state_dir=stage_dir("main"), writer=writer, **options)
   if trained.evaluations:
     record["quality_curve"] = [[int(step), quality] for step, quality in trained.evaluations]
   record.update({"recipe": stand_in_recipe(config, world),
@@ -125,16 +145,19 @@ def _training_images(config, world, vit_config):
 
 
 def stand_in_quality(config, world, vit_config, params, heads) -> Dict:
-  """The stand-in's own attribute mAP (CLS head, part read-out head) on the world's `val`
-  images, beside the constant predictor's, and how legible part identity is in its patch tokens
-  (`pretrain.part_legibility`)."""
+  """On the world's `val` images: the stand-in's own attribute mAP (CLS head, part read-out
+  head; supervised stand-ins only) beside the constant predictor's, and how its tokens hold the
+  parts and the attributes (`pretraining.part_legibility`: k-means per block, the position-only
+  k-means, the patch-part probe, the CLS attribute probe)."""
   data_cfg = subjobs.with_world(config.benchmark, world).data
   source, _, _ = benchmark.open_split(data_cfg, data_cfg.val, 0)
   model = vit.VisionTransformer(vit_config)
   transforms = benchmark.eval_transforms(vit_config, data_cfg)
-  quality = pretrain.head_quality(model, params, heads, source, transforms)
-  legibility = pretrain.part_legibility(model, params, source, transforms,
-                                        seed=_seed(config))
+  # A self-supervised stand-in has no attribute heads; the CLS probe measures it instead.
+  quality = (pretraining.head_quality(model, params, heads, source, transforms)
+             if heads else {})
+  legibility = pretraining.part_legibility(model, params, source, transforms,
+                                           seed=_seed(config))
   quality.update(legibility or {})
   return quality
 
@@ -159,13 +182,13 @@ def pretrained_backbone(config, workdir, world) -> Tuple[str, Optional[Dict]]:
   recipe = stand_in_recipe(config, world)
   if store.is_converted(path) and os.path.exists(prefix + ".json"):
     console.console(f"[demo] reusing the backbone pretrained earlier in {path}")
-    vit_config, params, heads, record = pretrain.load_stand_in(prefix)
+    vit_config, params, heads, record = pretraining.load_stand_in(prefix)
   else:
     shipped = shipped_stand_in(config, world.seed)
     record = None
     if config.backbone_pretraining.get("shipped") and os.path.exists(shipped + ".json"):
-      if pretrain.read_stand_in_record(shipped).get("recipe") == recipe:
-        vit_config, params, heads, record = pretrain.load_stand_in(shipped)
+      if pretraining.read_stand_in_record(shipped).get("recipe") == recipe:
+        vit_config, params, heads, record = pretraining.load_stand_in(shipped)
         console.console(f"[demo] using the stand-in shipped in {shipped}.npz (made by this recipe: "
                         f"{record['command']})")
         record = dict(record, source=os.path.relpath(shipped, ASSETS))
@@ -179,16 +202,17 @@ def pretrained_backbone(config, workdir, world) -> Tuple[str, Optional[Dict]]:
     quality = stand_in_quality(config, world, vit_config, params, heads)
     record = dict(record, quality_val=quality)
     store.save_converted(path, vit_config, params, source=f"demo stand-in: {record['source']}")
-    trained = pretrain.Pretrained(params, heads, record.pop("loss_history", []),
+    trained = pretraining.Pretrained(params, heads, record.pop("loss_history", []),
                                   record.pop("seconds", 0.0))
-    pretrain.save_stand_in(prefix, vit_config, trained, record)
+    pretraining.save_stand_in(prefix, vit_config, trained, record)
     console.console(f"[demo] saved the backbone to {path} (a converted folder: "
                     f"--config.backbone.checkpoint={path} works in every config)")
   quality = record.get("quality_val") or {}
-  console.console(f"[demo] the stand-in's own attribute mAP on val: CLS head "
-                  f"{text.fmt(quality.get('cls/mAP'))}, part read-out "
-                  f"{text.fmt(quality.get('parts/mAP'))} (constant predictor "
-                  f"{text.fmt(quality.get('chance/mAP'))})")
+  console.console(f"[demo] the stand-in on val: k-means of its last block's foreground tokens "
+                  f"NMI {text.fmt(quality.get('kmeans_fg/NMI'), 1)} (position alone "
+                  f"{text.fmt(quality.get('position_fg/NMI'), 1)}), CLS attribute probe mAP "
+                  f"{text.fmt(quality.get('cls_probe/mAP'))} (constant predictor "
+                  f"{text.fmt(quality.get('cls_probe/chance'))})")
   return path, record
 
 
@@ -202,10 +226,15 @@ def run_stand_in(config, workdir: str) -> Dict:
   files = Workdir(workdir)
   state_dir = (os.path.join(os.fspath(files.path), "pretraining_state")
                if layout.is_local(files.path) else "")
-  vit_config, trained, record = pretrain_stand_in(config, world, state_dir)
+  # TensorBoard (`tensorboard --logdir DIR`): the loss terms and the quality curve.
+  writer = writers.MetricWriter(files)
+  try:
+    vit_config, trained, record = pretrain_stand_in(config, world, state_dir, writer)
+  finally:
+    writer.close()
   record["quality_val"] = stand_in_quality(config, world, vit_config, trained.params,
                                            trained.heads)
   prefix = config.stand_in_output.format(seed=int(world.seed))
-  written = pretrain.save_stand_in(prefix, vit_config, trained, record)
+  written = pretraining.save_stand_in(prefix, vit_config, trained, record)
   console.console(f"[demo] wrote {', '.join(written)}; quality on val {record['quality_val']}")
   return record

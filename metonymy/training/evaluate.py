@@ -28,7 +28,7 @@ numbers follow one protocol:
   parts/position_NMI_fg, ...  keypoints, evaluation/position_baseline.py) scored at the same
                               keypoints, when the trainer fits one
   parts/coverage/<g>          mask coverage (Fig. 4), datasets with a part segmentation only: the
-  parts/area_ratio/<g>        truth on the maps' patch grid (plurality rule, probe/masks.py) against
+  parts/area_ratio/<g>        truth on the maps' patch grid (plurality rule, patch_grid.py) against
   parts/best_part/<g>         the argmax over the K + 1 maps, pooled over the set. best_part: the
   parts/coverage,             discovered part k*(g) holding most of true part g's patches (never
   parts/area_ratio            the background); coverage: the share of g's patches labelled k*;
@@ -49,7 +49,7 @@ import numpy as np
 from metonymy.evaluation import metrics
 from metonymy.evaluation import part_metrics
 from metonymy.evaluation import part_names as part_names_lib
-from metonymy.probe import masks as masks_lib
+from metonymy.evaluation import patch_grid
 
 # One channel above this share of the evaluation patches is a collapse (e.g. Stage 1 giving
 # every patch to the background).
@@ -132,8 +132,8 @@ def segmentation_confusion(segmentation: np.ndarray, maps: np.ndarray,
       or seg.shape[1:] != (patch * height, patch * width)):
     raise ValueError(f"part_segmentation {seg.shape} does not tile the maps' {batch} x "
                      f"{height} x {width} patch grid")
-  labels = masks_lib.segmentation_part_labels(seg, num_true_parts)
-  true_ids, _ = masks_lib.patch_part_ids(labels, num_true_parts, patch)
+  labels = patch_grid.segmentation_part_labels(seg, num_true_parts)
+  true_ids, _ = patch_grid.patch_part_ids(labels, num_true_parts, patch)
   return part_metrics.patch_confusion(true_ids, np.argmax(maps, axis=1), num_true_parts,
                                       channels - 1)
 
@@ -193,14 +193,6 @@ OVERLAY_MIN_SIZE = 192
 _GAP, _LEFT, _FONT, _LINE, _SWATCH, _CHAR = 4, 92, 9, 20, 14, 7.0
 
 
-def _resize_nearest(labels: np.ndarray, size: Tuple[int, int]) -> np.ndarray:
-  """Nearest-neighbour resize of [..., h, w] to [..., H, W] (pixel-centre sampling)."""
-  h, w = labels.shape[-2:]
-  rows = np.minimum(((np.arange(size[0]) + 0.5) * h / size[0]).astype(np.int64), h - 1)
-  cols = np.minimum(((np.arange(size[1]) + 0.5) * w / size[1]).astype(np.int64), w - 1)
-  return labels[..., rows[:, None], cols[None, :]]
-
-
 def _draw_keypoints(panel: np.ndarray, points: np.ndarray, colors: np.ndarray, radius: int):
   """Filled discs of `colors` [P, 3] at `points` [P, 2] ((x, y) panel pixels), black-rimmed."""
   height, width = panel.shape[:2]
@@ -258,11 +250,11 @@ def part_overlay(images: np.ndarray, maps: np.ndarray, mean, std, *,
   if len(fg_names) != num_parts:
     raise ValueError(f"{len(fg_names)} part names for {num_parts} parts")
   shown = images.repeat(zoom, 1).repeat(zoom, 2)
-  ids = _resize_nearest(np.argmax(np.asarray(maps), axis=1), (ph, pw))
+  ids = patch_grid.resize_nearest(np.argmax(np.asarray(maps), axis=1), (ph, pw))
   rows = [("image", shown), ("discovered\nparts", colors[ids].astype(np.float64))]
   truth = None
   if segmentation is not None:
-    seg = _resize_nearest(np.asarray(segmentation, np.int64), (ph, pw))
+    seg = patch_grid.resize_nearest(np.asarray(segmentation, np.int64), (ph, pw))
     num_groups = len(group_names) if group_names else int(seg.max(initial=0))
     truth = "part mask"
   elif keypoints is not None and keypoint_visible is not None:

@@ -1,35 +1,36 @@
-"""Supervised pretraining of a random-init tiny backbone from image-level attributes, standing in
-for a pretrained one (the demo's and `configs/probe_synthetic.py:trained`'s "DINO").
+"""Pretraining of a random-init backbone, standing in for a pretrained one (the demo's and
+`configs/probe_synthetic.py:trained`'s "DINO"): a trainer, as training/trainer.py is one, for
+the backbone itself.
 
-Part discovery needs patch features in which the part a patch belongs to is legible, and the
+Part discovery needs patch features in which the part a patch belongs to is the geometry, and the
 leakage benchmark needs a backbone that has learned the world it is probed on. The stand-in learns
 from image-level signals only, never from part masks or keypoints (those are what part discovery
-is scored against). Two linear heads read the attributes:
+is scored against). Two objectives (`objective`):
+
+"attributes", supervised: two linear heads read the image-level attributes,
 
   cls:    logits = W z_cls + b                                             [B, A]
   parts:  alpha_g = softmax_n(q_g . z_n)  (one query per attribute group g, over patches n)
           logits_a = w_a . sum_n alpha_{g(a), n} z_n + b_a                 [B, A]
 
-g(a) is the part an attribute describes (the dataset's attribute-to-part table, e.g. Table S9's
-groups for CUB): an image-level fact about the labels, not a location. The parts head is an
-attention read-out with one query per part: to say "the head is red" it must find the head's
-patches, so the backbone learns patch tokens in which part identity is linear. Measured on the
-48-px world (patch-part linear probe, balanced accuracy on val, chance 0.17): 0.62 after 1,000
-steps and 0.74 after 3,000 with this head, 0.49 after 1,500 with a multiple-instance (logsumexp
-over patches) head, 0.25-0.30 with the earlier mean-pooled head, whose features left Stage 1
-nothing to find. Linear is not dominant: k-means on the foreground tokens still finds colour
-more than parts (README, "The demo's results").
+  g(a) is the part an attribute describes (the dataset's attribute-to-part table, e.g. Table S9's
+  groups for CUB): an image-level fact about the labels, not a location. Loss per head (`loss`):
+  "group_softmax" takes a softmax cross-entropy over each attribute group (names sharing the
+  prefix before "::") whose valid labels are one-hot in every loaded example, and BCE for all
+  other attributes; "bce" is BCE everywhere. Such a backbone holds a patch's part linearly but
+  mixes the image into every token with depth (docs/experiments.md, "The stand-in").
 
-Loss per head (`loss`): "group_softmax" takes a softmax cross-entropy over each attribute group
-(names sharing the prefix before "::", e.g. `has_head_color::*`) whose valid labels are one-hot in
-every loaded example, and BCE for all other attributes; "bce" is BCE everywhere. One-hot groups
-under BCE learned nothing here (the loss sat at the constant predictor's 0.488 for 300 steps);
-under a softmax the loss left that plateau within a few hundred steps.
+"self_supervised": DINOv2's recipe scaled to a tiny ViT (training/self_supervised.py: an EMA
+  teacher, multi-crop, DINO on the CLS token, iBOT on masked patch tokens, KoLeo; or masked-pixel
+  reconstruction), optionally with the attribute heads above as one more term
+  (`self_supervised.attributes` > 0).
 
 AdamW (warm-up + cosine), decoupled weight decay on 2-D weights only (training/optimizer.py's
 `decay_mask`), on `images` examples of the training split held in memory, with random horizontal
-flips and, with `augment="affine"`, random rotations, shifts and scalings (AUGMENTATIONS; README,
-"The demo's results", gives what it measured).
+flips and, with `augment="affine"`, random similarities (AUGMENTATIONS); the self-supervised
+objective makes its own views. Progress (steps/s, ETA) on the console; with a `writer`, the loss
+terms every 50 steps and every evaluation go to TensorBoard and metrics.jsonl. A killed run
+resumes bit for bit from `state_dir` (PretrainingState).
 """
 
 import dataclasses
@@ -45,19 +46,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from sklearn import cluster
-from sklearn import linear_model
-from sklearn import metrics as sk_metrics
 from tqdm.auto import tqdm
 
 from metonymy import converters
 from metonymy.evaluation import metrics
+from metonymy.evaluation import token_geometry
 from metonymy.models import vit
-from metonymy.probe import masks
 from metonymy.training import geometry
 from metonymy.training import optimizer as optimizer_lib
+from metonymy.training import self_supervised
 
 HEADS = ("cls", "parts")
+OBJECTIVES = ("attributes", "self_supervised")
 LOSSES = ("group_softmax", "bce")
 # "flip": random horizontal flips. "affine": flips, then one random similarity per image with
 # the ranges of Stage 1's equivariance prior (PDiscoFormer's: angle up to 90 degrees, shift up
@@ -153,98 +153,172 @@ def attribute_loss(logits: jnp.ndarray, labels: jnp.ndarray, valid: jnp.ndarray,
   return total / jnp.maximum(count, 1.0)
 
 
+def _check_options(loss: str, augment: str, objective: str) -> None:
+  for name, value, allowed in (("loss", loss, LOSSES), ("augment", augment, AUGMENTATIONS),
+                               ("objective", objective, OBJECTIVES)):
+    if value not in allowed:
+      raise ValueError(f"backbone_pretraining.{name} must be one of {allowed}, got {value!r}")
+
+
 def pretrain(model, params, source, transforms, *, steps: int, batch_size: int = 32,
              learning_rate: float = 1e-3, weight_decay: float = 0.05, images: int = 4000,
              loss: str = "group_softmax", augment: str = "flip", seed: int = 0,
              progress: bool = True, heads: Optional[Dict] = None,
              evaluate: Optional[Callable[[int, Dict, Dict], object]] = None,
-             evaluate_every: int = 0, state_dir: str = "",
-             checkpoint_every: int = 0) -> Pretrained:
+             evaluate_every: int = 0, state_dir: str = "", checkpoint_every: int = 0,
+             objective: str = "attributes", self_supervised_options: Optional[Dict] = None,
+             writer=None) -> Pretrained:
   """Trains `params` of `model` (a VisionTransformer) on `images` examples of `source`; `heads`
-  continues the read-outs of an earlier stage (default: fresh ones, `init_heads`).
+  continues the attribute read-outs of an earlier stage (default: fresh ones, `init_heads`).
+
+  `objective` "attributes" or "self_supervised" (the module docstring), the latter with
+  `self_supervised_options` (self_supervised.Recipe's fields). What comes back as the backbone
+  is the teacher's where there is one (as DINO evaluates and releases its teacher).
 
   `evaluate(step, params, heads)` is called after every `evaluate_every` steps before the last
   (the caller measures the final weights): a quality curve, to tell whether a longer schedule
   would still help. It reads the weights only, so the trajectory is the same without it; what it
-  returns (JSON-ready) is kept in `Pretrained.evaluations`.
+  returns (JSON-ready) is kept in `Pretrained.evaluations` and, with a `writer`
+  (training/writers.MetricWriter), written under `pretrain_eval/` with the loss terms.
 
   `state_dir`: the run saves its state there every `checkpoint_every` steps (0: at its end only)
   and at its end, and a run with the same arguments resumes from it, bit for bit: the weights,
-  the optimizer, the data order, the loss curve and the evaluations so far (PretrainingState)."""
-  if loss not in LOSSES:
-    raise ValueError(f"backbone_pretraining.loss must be one of {LOSSES}, got {loss!r}")
-  if augment not in AUGMENTATIONS:
-    raise ValueError(f"backbone_pretraining.augment must be one of {AUGMENTATIONS}, got "
-                     f"{augment!r}")
+  the optimizer, the teacher and its centres, the data order, the loss curve and the
+  evaluations so far (PretrainingState)."""
+  _check_options(loss, augment, objective)
+  recipe = None
+  if objective == "self_supervised":
+    recipe = self_supervised.Recipe.from_dict(self_supervised_options or {})
   start = time.perf_counter()
   x, y, valid = load_examples(source, images, transforms)
-  groups = exclusive_groups(source.info.attribute_names, y, valid) if loss == "group_softmax" else []
-  logging.info("pretraining: %d images, %d softmax groups over %d attributes", len(x), len(groups),
-               y.shape[1])
+  uses_attributes = recipe is None or recipe.attributes > 0
+  groups = (exclusive_groups(source.info.attribute_names, y, valid)
+            if loss == "group_softmax" and uses_attributes else [])
+  logging.info("pretraining (%s): %d images, %d softmax groups over %d attributes", objective,
+               len(x), len(groups), y.shape[1])
   attribute_part = tuple(source.info.attribute_part)
-  if heads is None:
+  if heads is None and uses_attributes:
     heads = init_heads(jax.random.PRNGKey(seed), model.config.width, attribute_part)
   # steps = 0 returns the random weights (and zero heads): a random-init baseline.
   schedule = optax.warmup_cosine_decay_schedule(0.0, learning_rate, max(1, steps // 10),
                                                 max(steps, 2))
-  tx = optax.adamw(schedule, weight_decay=weight_decay, mask=optimizer_lib.decay_mask)
-  trainable = (params, heads)
-  state = tx.init(trainable)
+  adamw = optax.adamw(schedule, weight_decay=weight_decay, mask=optimizer_lib.decay_mask)
 
-  def loss_fn(trainable, xb, yb, vb):
-    backbone, head = trainable
-    logits = head_logits(model.apply({"params": backbone}, xb), head, attribute_part)
+  def attributes_loss(head, out, yb, vb):
+    logits = head_logits(out, head, attribute_part)
     return sum(attribute_loss(logits[h], yb, vb, groups) for h in HEADS) / len(HEADS)
 
-  @jax.jit
-  def step(trainable, opt_state, xb, yb, vb, rng):
-    if augment == "affine":
-      xb = random_affine_warp(xb, rng)
-    value, grads = jax.value_and_grad(loss_fn)(trainable, xb, yb, vb)
-    updates, opt_state = tx.update(grads, opt_state, trainable)
-    return optax.apply_updates(trainable, updates), opt_state, value
+  if recipe is None:
+    tx = adamw
+    trainable = (params, heads)
+    state = tx.init(trainable)
+
+    @jax.jit
+    def step(carry, xb, yb, vb, rng, index):
+      del index
+      trainable, opt_state = carry
+      if augment == "affine":
+        xb = random_affine_warp(xb, rng)
+
+      def loss_fn(trainable):
+        backbone, head = trainable
+        return attributes_loss(head, model.apply({"params": backbone}, xb), yb, vb)
+
+      value, grads = jax.value_and_grad(loss_fn)(trainable)
+      updates, opt_state = tx.update(grads, opt_state, trainable)
+      return (optax.apply_updates(trainable, updates), opt_state), value, {}
+    carry = (trainable, state)
+    backbone_of = lambda carry: carry[0][0]
+    heads_of = lambda carry: carry[0][1]
+  else:
+    # DINO clips every gradient at global norm 3.
+    tx = optax.chain(optax.clip_by_global_norm(3.0), adamw)
+    trainable = {"backbone": params, **self_supervised.init_heads(
+        recipe, jax.random.PRNGKey(seed), model.config.width, model.config.patch_size)}
+    if uses_attributes:
+      trainable["attribute_heads"] = heads
+    teacher = (jax.tree.map(jnp.array, self_supervised.teacher_part(trainable))
+               if recipe.distills else {})
+    carry = (trainable, tx.init(trainable), teacher, self_supervised.centers(recipe))
+
+    @jax.jit
+    def step(carry, xb, yb, vb, rng, index):
+      trainable, opt_state, teacher, center = carry
+      attribute_term = None
+      if uses_attributes:
+        attribute_term = lambda p: (lambda out: attributes_loss(p["attribute_heads"], out, yb,
+                                                                 vb))
+
+      def loss_fn(p):
+        return self_supervised.objective(
+            model, recipe, p, teacher, center, xb, rng, index, steps,
+            attribute_term(p) if attribute_term else None)
+
+      (value, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable)
+      updates, opt_state = tx.update(grads, opt_state, trainable)
+      trainable = optax.apply_updates(trainable, updates)
+      if recipe.distills:
+        teacher = self_supervised.ema(teacher, self_supervised.teacher_part(trainable),
+                                      self_supervised.teacher_momentum(recipe, index, steps))
+      center = self_supervised.updated_centers(center, aux.pop("teacher_scores"),
+                                               recipe.center_momentum)
+      return (trainable, opt_state, teacher, center), value, aux
+    backbone_of = lambda carry: (carry[2] if recipe.distills else carry[0])["backbone"]
+    heads_of = lambda carry: carry[0].get("attribute_heads") or {}
 
   rng = np.random.default_rng(seed)
   augment_rng = jax.random.PRNGKey(seed + 1)
   history, evaluations, value, first, earlier_seconds = [], [], float("nan"), 0, 0.0
-  saved = PretrainingState(state_dir, {"steps": steps, "batch_size": batch_size,
-                                       "learning_rate": learning_rate, "images": len(x),
-                                       "loss": loss, "augment": augment, "seed": seed})
+  arguments = {"steps": steps, "batch_size": batch_size, "learning_rate": learning_rate,
+               "images": len(x), "loss": loss, "augment": augment, "seed": seed}
+  if recipe is not None:
+    arguments.update(objective=objective,
+                     self_supervised=json.loads(json.dumps(dataclasses.asdict(recipe))))
+  saved = PretrainingState(state_dir, arguments)
   if state_dir:
-    restored = saved.restore((trainable, state))
+    restored = saved.restore(carry)
     if restored is not None:
-      (trainable, state), first, meta = restored
+      carry, first, meta = restored
       rng.bit_generator.state = meta["data_rng"]
       history = [tuple(h) for h in meta["loss_history"]]
       evaluations = [tuple(e) for e in meta["evaluations"]]
       value, earlier_seconds = (history[-1][1] if history else value), meta["seconds"]
       logging.info("pretraining: resumed at step %d of %d from %s", first, steps, state_dir)
+      if writer is not None:
+        writer.trim(first)
 
   def save(done: int) -> None:
-    saved.save(done, (trainable, state), {
+    saved.save(done, carry, {
         "data_rng": rng.bit_generator.state, "loss_history": history,
         "evaluations": evaluations,
         "seconds": earlier_seconds + time.perf_counter() - start})
 
   bar = None
   if progress:
-    bar = tqdm(total=steps, initial=first, desc="pretrain backbone", unit="step",
+    bar = tqdm(total=steps, initial=first, desc=f"pretrain backbone ({objective})", unit="step",
                dynamic_ncols=True)
   for i in range(first, steps):
     idx = rng.integers(0, len(x), batch_size)
     flip = rng.random(batch_size) < 0.5
     xb = np.where(flip[:, None, None, None], x[idx][:, :, ::-1], x[idx])
-    trainable, state, value = step(trainable, state, xb, y[idx], valid[idx],
-                                   jax.random.fold_in(augment_rng, i))
+    carry, value, aux = step(carry, xb, y[idx], valid[idx], jax.random.fold_in(augment_rng, i),
+                             i)
     if i % 50 == 0 or i == steps - 1:
       history.append((i + 1, float(value)))
       if bar is not None:
         bar.set_postfix(loss=f"{float(value):.4f}")
+      if writer is not None:
+        writer.write_scalars(i + 1, {"pretrain/loss": value,
+                                     **{f"pretrain/{k}": v for k, v in aux.items()}})
     if bar is not None:
       bar.update(1)
     if evaluate is not None and evaluate_every > 0 and (i + 1) % evaluate_every == 0 \
         and i + 1 < steps:
-      evaluations.append((i + 1, evaluate(i + 1, trainable[0], jax.device_get(trainable[1]))))
+      quality = evaluate(i + 1, backbone_of(carry), jax.device_get(heads_of(carry)))
+      evaluations.append((i + 1, quality))
+      if writer is not None and isinstance(quality, dict):
+        writer.write_scalars(i + 1, {f"pretrain_eval/{k}": v for k, v in quality.items()
+                                     if isinstance(v, (int, float)) and v is not None})
     if state_dir and checkpoint_every > 0 and (i + 1) % checkpoint_every == 0 and i + 1 < steps:
       save(i + 1)
   if bar is not None:
@@ -254,7 +328,7 @@ def pretrain(model, params, source, transforms, *, steps: int, batch_size: int =
   seconds = earlier_seconds + time.perf_counter() - start
   logging.info("pretrained the backbone for %d steps in %.0f s, final loss %.4f", steps, seconds,
                float(value))
-  return Pretrained(params=trainable[0], heads=jax.device_get(trainable[1]),
+  return Pretrained(params=backbone_of(carry), heads=jax.device_get(heads_of(carry)),
                     loss_history=history, seconds=seconds, evaluations=evaluations)
 
 
@@ -319,46 +393,27 @@ def head_quality(model, params, heads, source, transforms, *, images: int = 500,
 
 
 def part_legibility(model, params, source, transforms, *, images: int = 400,
-                    fit_fraction: float = 0.625, batch_size: int = 100,
+                    fit_fraction: float = 0.625, batch_size: int = 100, per_block: bool = True,
                     seed: int = 0) -> Optional[Dict[str, float]]:
-  """How legible the part a patch belongs to is in the backbone's patch tokens, on held-out
-  images with a `part_segmentation` (the synthetic world); None without one. A diagnostic that
-  nothing trains on: it tells whether Stage 1 has parts to find in these features.
-
-  Each patch is labelled with its plurality part (probe/masks.py; K parts + background). Fit on
-  the patches of the first `fit_fraction` of the images, scored on the rest:
-    part_probe/balanced_accuracy  a logistic probe from one patch token to its label (linear
-                                  legibility); part_probe/chance = 1 / (K + 1)
-    kmeans_fg/NMI                 k-means with K clusters on the foreground tokens, x100 against
-                                  the true parts: are the parts what dominates the tokens' geometry
-  """
+  """How the backbone's patch tokens hold the parts, on held-out images with a
+  `part_segmentation` (the synthetic world); None without one. A diagnostic that nothing trains
+  on: it tells whether Stage 1 has parts to find in these features
+  (evaluation/token_geometry.py: k-means of the foreground tokens per block against the true
+  parts, the position-only k-means beside it, a patch-part probe, an attribute probe on the
+  frozen CLS token)."""
   count = min(images, len(source))
-  fit_images = int(count * fit_fraction)
-  if not 0 < fit_images < count or "part_segmentation" not in source[0]:
+  if not 0 < int(count * fit_fraction) < count or "part_segmentation" not in source[0]:
     return None
-  num_parts = len(source.info.part_names)
-  x, _, _ = load_examples(source, count, transforms)
-  labels = masks.segmentation_part_labels(
-      np.stack([source[i]["part_segmentation"] for i in range(count)]), num_parts)
-  ids, _ = masks.patch_part_ids(labels, num_parts, model.config.patch_size)
-  forward = jax.jit(lambda xb: model.apply({"params": params}, xb)["patch_tokens"])
-  tokens = np.concatenate([np.asarray(forward(x[i:i + batch_size]))
-                           for i in range(0, count, batch_size)])
-  tokens = tokens.reshape(-1, tokens.shape[-1])
-  ids = ids.reshape(-1)
-  split = fit_images * (len(ids) // count)
-  probe = linear_model.LogisticRegression(max_iter=500, class_weight="balanced")
-  probe.fit(tokens[:split], ids[:split])
-  accuracy = sk_metrics.balanced_accuracy_score(ids[split:], probe.predict(tokens[split:]))
-  foreground = ids < num_parts
-  fit_fg, score_fg = foreground[:split], foreground[split:]
-  kmeans = cluster.KMeans(num_parts, n_init=3, random_state=seed).fit(tokens[:split][fit_fg])
-  clusters = kmeans.predict(tokens[split:][score_fg])
-  return {"part_probe/balanced_accuracy": float(accuracy),
-          "part_probe/chance": 1.0 / (num_parts + 1),
-          "kmeans_fg/NMI": 100.0 * float(sk_metrics.normalized_mutual_info_score(
-              ids[split:][score_fg], clusters)),
-          "part_probe/images": count}
+  x, y, valid = load_examples(source, count, transforms)
+  segmentation = np.stack([source[i]["part_segmentation"] for i in range(count)])
+  forward = jax.jit(lambda xb: model.apply({"params": params}, xb,
+                                           return_intermediates=per_block))
+  result = token_geometry.token_geometry(
+      forward, x, segmentation, len(source.info.part_names), model.config.patch_size,
+      attributes=y, attribute_valid=valid, fit_fraction=fit_fraction, batch_size=batch_size,
+      per_block=per_block, seed=seed)
+  result["part_probe/images"] = result.pop("images")
+  return result
 
 
 # ------------------------------------------------------------------------------------------------

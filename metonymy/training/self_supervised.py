@@ -1,0 +1,374 @@
+"""Self-supervised pretraining objectives of a ViT, as DINOv2 trains one, scaled to a tiny ViT.
+
+A student ViT and an exponential-moving-average (EMA) teacher see different views of each image:
+
+  views      two global crops (scale `global_scale` of the image, resized to the image size) and
+             `local_crops` small ones (`local_scale`, resized to `local_size`; the position table
+             is resized to their grid), each randomly flipped;
+  dino       the student's CLS token of every view predicts the teacher's of the *other* global
+             views: cross-entropy between the teacher's centred, sharpened softmax over the
+             prototypes of a projection head and the student's (Caron et al. 2021);
+  ibot       on a share of the global views (`mask_probability`), a random `mask_ratio` of the
+             patches enters the student as a learned mask token; the student's token there
+             predicts the teacher's (unmasked) token through a projection head of its own
+             (Zhou et al. 2022; DINOv2's separate heads);
+  koleo      the Kozachenko-Leonenko entropy estimator on the student's global CLS tokens
+             spreads them over the sphere (Sablayrolles et al. 2019; DINOv2's weight 0.1);
+  pixels     masked patches' pixels, read from the student's token by a linear decoder
+             (SimMIM-style: the encoder sees the mask token). `pixel_target` "image": the
+             normalised image's own values, so a part's tone is in the target; "patch": every
+             target patch normalised to zero mean and unit variance, as MAE's default, which
+             removes a plain patch's tone;
+  attributes the image-level attribute losses of the supervised recipe (training/pretraining.py's
+             heads), on the whole image, for the arms that combine both.
+
+No term sees a part mask or a keypoint. Colour jitter, part of DINO's augmentations, is left out:
+the world marks a part's plain region by its tone, and a jitter that recolours the view would
+teach the backbone to ignore exactly that (docs/experiments.md has the measurement).
+
+Shapes: images [B, H, W, 3] normalised; views [V, B, h, w, 3]; tokens [B, N, D].
+"""
+
+import dataclasses
+import math
+from typing import Dict, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from metonymy.models import projection_head
+
+OBJECTIVES = ("dino", "ibot", "koleo", "pixels", "attributes")
+PIXEL_TARGETS = ("image", "patch")
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  """The weights of the objectives (0 switches one off) and their hyper-parameters."""
+  dino: float = 1.0
+  ibot: float = 1.0
+  koleo: float = 0.1
+  pixels: float = 0.0
+  attributes: float = 0.0
+  pixel_target: str = "image"
+  prototypes: int = 256
+  head_hidden: int = 128
+  head_bottleneck: int = 64
+  global_scale: Tuple[float, float] = (0.4, 1.0)
+  # Each view's brightness moves by one offset ~ U(-b, b) (normalised units) on every pixel and
+  # channel: the world's own per-image lighting (+-20 of 255 on every channel, ~0.35 here), which
+  # keeps the differences between a part's tone and another's (docs/experiments.md).
+  brightness: float = 0.0
+  local_crops: int = 4
+  local_size: int = 32
+  local_scale: Tuple[float, float] = (0.1, 0.4)
+  mask_probability: float = 0.5
+  mask_ratio: Tuple[float, float] = (0.1, 0.5)
+  student_temperature: float = 0.1
+  teacher_temperature: Tuple[float, float] = (0.04, 0.07)
+  teacher_temperature_warmup: float = 0.3  # share of the steps over which it rises
+  teacher_momentum: Tuple[float, float] = (0.992, 1.0)  # cosine from the first to the second
+  center_momentum: float = 0.9
+
+  def __post_init__(self):
+    if self.pixel_target not in PIXEL_TARGETS:
+      raise ValueError(f"pixel_target must be one of {PIXEL_TARGETS}, got {self.pixel_target!r}")
+    if all(getattr(self, name) == 0 for name in OBJECTIVES):
+      raise ValueError(f"every objective weight ({', '.join(OBJECTIVES)}) is 0: nothing to train")
+    for name in ("global_scale", "local_scale", "mask_ratio"):
+      low, high = getattr(self, name)
+      if not 0.0 < low <= high <= 1.0:
+        raise ValueError(f"{name} must be 0 < low <= high <= 1, got {(low, high)}")
+
+  @property
+  def distills(self) -> bool:
+    """Whether a teacher is needed (DINO or iBOT)."""
+    return self.dino > 0 or self.ibot > 0
+
+  @property
+  def masks(self) -> bool:
+    return self.ibot > 0 or self.pixels > 0
+
+  @classmethod
+  def from_dict(cls, options) -> "Recipe":
+    options = dict(options)
+    unknown = sorted(set(options) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+      raise ValueError(f"unknown self-supervised option(s) {unknown}; known: "
+                       f"{sorted(f.name for f in dataclasses.fields(cls))}")
+    for name in ("global_scale", "local_scale", "mask_ratio", "teacher_temperature",
+                 "teacher_momentum"):
+      if name in options:
+        options[name] = tuple(float(v) for v in options[name])
+    return cls(**options)
+
+
+# ------------------------------------------------------------------------------------------------
+# Views and masks.
+
+
+def random_resized_crop(image: jnp.ndarray, rng: jax.Array, size: int,
+                        scale: Tuple[float, float],
+                        ratio: Tuple[float, float] = (3 / 4, 4 / 3),
+                        brightness: float = 0.0) -> jnp.ndarray:
+  """image [H, W, 3] -> [size, size, 3]: a random crop of `scale` of the area and aspect `ratio`
+  (log-uniform), inside the image, resized bilinearly (antialiased when shrinking), then flipped
+  left-right with probability 1/2 (torchvision's RandomResizedCrop + RandomHorizontalFlip), its
+  brightness moved by one offset ~ U(-brightness, brightness)."""
+  height, width = image.shape[:2]
+  r_area, r_ratio, r_y, r_x, r_flip, r_light = jax.random.split(rng, 6)
+  area = jax.random.uniform(r_area, (), minval=scale[0], maxval=scale[1]) * height * width
+  aspect = jnp.exp(jax.random.uniform(r_ratio, (), minval=math.log(ratio[0]),
+                                      maxval=math.log(ratio[1])))
+  crop_w = jnp.clip(jnp.sqrt(area * aspect), 1.0, width)
+  crop_h = jnp.clip(jnp.sqrt(area / aspect), 1.0, height)
+  top = jax.random.uniform(r_y, ()) * (height - crop_h)
+  left = jax.random.uniform(r_x, ()) * (width - crop_w)
+  scales = jnp.stack([size / crop_h, size / crop_w])
+  view = jax.image.scale_and_translate(image, (size, size, image.shape[2]), (0, 1), scales,
+                                       -jnp.stack([top, left]) * scales, method="linear",
+                                       antialias=True)
+  view = jnp.where(jax.random.bernoulli(r_flip), view[:, ::-1], view)
+  return view + jax.random.uniform(r_light, (), minval=-brightness, maxval=brightness)
+
+
+def views(images: jnp.ndarray, rng: jax.Array, recipe: Recipe
+          ) -> Tuple[jnp.ndarray, Optional[jnp.ndarray]]:
+  """(global views [2, B, H, W, 3], local views [L, B, s, s, 3] or None)."""
+  size = images.shape[1]
+  r_global, r_local = jax.random.split(rng)
+
+  def crops(key, count, crop_size, scale):
+    keys = jax.random.split(key, count * images.shape[0]).reshape(count, images.shape[0], -1)
+    crop = lambda k, im: random_resized_crop(im, k, crop_size, scale,
+                                             brightness=recipe.brightness)
+    return jax.vmap(lambda ks: jax.vmap(crop)(ks, images))(keys)
+
+  global_views = crops(r_global, 2, size, recipe.global_scale)
+  local_views = (crops(r_local, recipe.local_crops, recipe.local_size, recipe.local_scale)
+                 if recipe.local_crops else None)
+  return global_views, local_views
+
+
+def random_token_masks(rng: jax.Array, batch: int, num_patches: int, probability: float,
+                       ratio: Tuple[float, float]) -> jnp.ndarray:
+  """bool [batch, N]: each row, with `probability`, masks round(r N) random patches,
+  r ~ U(ratio); the other rows mask none."""
+  r_which, r_ratio, r_order = jax.random.split(rng, 3)
+  chosen = jax.random.bernoulli(r_which, probability, (batch,))
+  counts = jnp.round(jax.random.uniform(r_ratio, (batch,), minval=ratio[0], maxval=ratio[1])
+                     * num_patches)
+  ranks = jnp.argsort(jnp.argsort(jax.random.uniform(r_order, (batch, num_patches)), axis=1),
+                      axis=1)
+  return (ranks < counts[:, None]) & chosen[:, None]
+
+
+def patchify(images: jnp.ndarray, patch: int) -> jnp.ndarray:
+  """[B, H, W, C] -> [B, N, patch * patch * C], patches in raster order (the tokens')."""
+  b, h, w, c = images.shape
+  x = images.reshape(b, h // patch, patch, w // patch, patch, c)
+  return x.transpose(0, 1, 3, 2, 4, 5).reshape(b, (h // patch) * (w // patch), patch * patch * c)
+
+
+# ------------------------------------------------------------------------------------------------
+# Losses.
+
+
+def distillation_loss(student_scores: jnp.ndarray, teacher_probs: jnp.ndarray,
+                      temperature: float, weights: Optional[jnp.ndarray] = None) -> jnp.ndarray:
+  """Mean cross-entropy H(teacher, softmax(student / temperature)) over the leading axes, or
+  weighted by `weights` (broadcast to them) and normalised by their sum."""
+  log_student = jax.nn.log_softmax(student_scores / temperature, axis=-1)
+  per_item = -jnp.sum(jax.lax.stop_gradient(teacher_probs) * log_student, axis=-1)
+  if weights is None:
+    return jnp.mean(per_item)
+  weights = jnp.broadcast_to(weights, per_item.shape)
+  return jnp.sum(per_item * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+
+
+def teacher_distribution(teacher_scores: jnp.ndarray, center: jnp.ndarray,
+                         temperature) -> jnp.ndarray:
+  """softmax((scores - center) / temperature): DINO's centring (against one prototype winning
+  everything) and sharpening (against the uniform distribution); no gradient."""
+  return jax.nn.softmax(jax.lax.stop_gradient(teacher_scores - center) / temperature, axis=-1)
+
+
+def dino_loss(student_scores: jnp.ndarray, teacher_probs: jnp.ndarray,
+              temperature: float) -> jnp.ndarray:
+  """student_scores [Vs, B, P] (the two global views first), teacher_probs [2, B, P]: every
+  student view against every teacher view but its own, averaged over the pairs."""
+  total, pairs = 0.0, 0
+  for t in range(teacher_probs.shape[0]):
+    for s in range(student_scores.shape[0]):
+      if s != t:
+        total += distillation_loss(student_scores[s], teacher_probs[t], temperature)
+        pairs += 1
+  return total / pairs
+
+
+def koleo_loss(features: jnp.ndarray, eps: float = 1e-8) -> jnp.ndarray:
+  """features [B, D]: -mean log(distance to the nearest other feature), on unit vectors."""
+  unit = features * jax.lax.rsqrt(jnp.sum(jnp.square(features), -1, keepdims=True) + 1e-12)
+  similarity = unit @ unit.T - 2.0 * jnp.eye(unit.shape[0])  # itself never the nearest
+  nearest = jnp.argmax(similarity, axis=1)
+  distance = jnp.sqrt(jnp.sum(jnp.square(unit - unit[nearest]), -1) + eps)
+  return -jnp.mean(jnp.log(distance + eps))
+
+
+def pixel_loss(predicted: jnp.ndarray, images: jnp.ndarray, token_mask: jnp.ndarray,
+               patch: int, target: str) -> jnp.ndarray:
+  """Mean squared error on the masked patches. predicted [B, N, p*p*3], images [B, H, W, 3],
+  token_mask bool [B, N]; target "image" (the values) or "patch" (each patch standardised)."""
+  goal = patchify(images, patch)
+  if target == "patch":
+    mean = jnp.mean(goal, -1, keepdims=True)
+    goal = (goal - mean) * jax.lax.rsqrt(jnp.var(goal, -1, keepdims=True) + 1e-6)
+  per_patch = jnp.mean(jnp.square(predicted - goal), -1)
+  weights = token_mask.astype(per_patch.dtype)
+  return jnp.sum(per_patch * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Schedules and the teacher.
+
+
+def teacher_temperature(recipe: Recipe, step, total_steps: int):
+  """Linear from the first to the second over `teacher_temperature_warmup` of the steps."""
+  low, high = recipe.teacher_temperature
+  warm = max(1.0, recipe.teacher_temperature_warmup * total_steps)
+  return low + (high - low) * jnp.clip(step / warm, 0.0, 1.0)
+
+
+def teacher_momentum(recipe: Recipe, step, total_steps: int):
+  """Cosine from the first momentum at step 0 to the second at the last step."""
+  low, high = recipe.teacher_momentum
+  progress = jnp.clip(step / max(1, total_steps - 1), 0.0, 1.0)
+  return high - (high - low) * (jnp.cos(jnp.pi * progress) + 1.0) / 2.0
+
+
+def ema(teacher, student, momentum):
+  """teacher <- momentum teacher + (1 - momentum) student, leaf by leaf."""
+  return jax.tree.map(lambda t, s: momentum * t + (1.0 - momentum) * s, teacher, student)
+
+
+def teacher_part(params: Dict) -> Dict:
+  """The student parameters that the teacher follows: the backbone and the projection heads."""
+  return {k: params[k] for k in ("backbone", "dino_head", "ibot_head") if k in params}
+
+
+def heads(recipe: Recipe) -> Dict[str, projection_head.ProjectionHead]:
+  """The projection heads this recipe trains."""
+  make = lambda: projection_head.ProjectionHead(recipe.head_hidden, recipe.head_bottleneck,
+                                                recipe.prototypes)
+  out = {}
+  if recipe.dino > 0:
+    out["dino_head"] = make()
+  if recipe.ibot > 0:
+    out["ibot_head"] = make()
+  return out
+
+
+def init_heads(recipe: Recipe, rng: jax.Array, width: int, patch: int) -> Dict:
+  """Parameters beside the backbone: the projection heads, the mask token and the pixel decoder."""
+  keys = jax.random.split(rng, 4)
+  params = {name: head.init(key, jnp.zeros((1, width)))["params"]
+            for (name, head), key in zip(heads(recipe).items(), keys[:2])}
+  if recipe.masks:
+    params["mask_token"] = 0.02 * jax.random.normal(keys[2], (width,))
+  if recipe.pixels > 0:
+    params["pixel_decoder"] = {
+        "w": 0.02 * jax.random.normal(keys[3], (width, patch * patch * 3)),
+        "b": jnp.zeros((patch * patch * 3,))}
+  return params
+
+
+def centers(recipe: Recipe) -> Dict[str, jnp.ndarray]:
+  """The teacher's running score means (DINO's centre), one per distillation head."""
+  return {name: jnp.zeros((recipe.prototypes,)) for name in heads(recipe)}
+
+
+def statistics_of(probs: jnp.ndarray) -> Dict[str, jnp.ndarray]:
+  """Collapse watch of a teacher distribution [..., P]: the entropy of one item's distribution
+  (0: one-hot; log P: uniform) and of the batch mean (low: every item picks the same
+  prototype), in nats."""
+  flat = probs.reshape(-1, probs.shape[-1])
+  entropy = lambda p: -jnp.sum(p * jnp.log(p + 1e-12), -1)
+  return {"entropy": jnp.mean(entropy(flat)), "mean_entropy": entropy(jnp.mean(flat, 0))}
+
+
+def objective(model, recipe: Recipe, params: Dict, teacher: Optional[Dict],
+              center: Dict[str, jnp.ndarray], images: jnp.ndarray, rng: jax.Array, step,
+              total_steps: int, attribute_loss_fn=None
+              ) -> Tuple[jnp.ndarray, Dict[str, jnp.ndarray]]:
+  """(the weighted loss, aux) for one batch of images [B, H, W, 3]. aux: every term's value,
+  the teacher's statistics and `teacher_scores` {head: [..., P]} for the centre update.
+
+  `attribute_loss_fn(student_output)` gives the attribute loss on the whole image (a backbone
+  output dict), needed when recipe.attributes > 0."""
+  r_views, r_mask = jax.random.split(rng)
+  global_views, local_views = views(images, r_views, recipe)
+  batch = images.shape[0]
+  global_flat = global_views.reshape((-1,) + global_views.shape[2:])
+  num_patches = (images.shape[1] // model.config.patch_size) ** 2
+  token_mask = None
+  if recipe.masks:
+    token_mask = random_token_masks(r_mask, global_flat.shape[0], num_patches,
+                                    recipe.mask_probability, recipe.mask_ratio)
+  backbone = lambda p, x, **kw: model.apply({"params": p}, x, **kw)
+  student = backbone(params["backbone"], global_flat, token_mask=token_mask,
+                     mask_token=params.get("mask_token"))
+  terms, aux = {}, {"teacher_scores": {}}
+  projection = heads(recipe)
+  if recipe.distills:
+    teacher_out = backbone(teacher["backbone"], global_flat)
+  if recipe.dino > 0:
+    cls = [student["prefix_tokens"][:, 0].reshape(2, batch, -1)]
+    if local_views is not None:
+      local_flat = local_views.reshape((-1,) + local_views.shape[2:])
+      cls.append(backbone(params["backbone"], local_flat)["prefix_tokens"][:, 0]
+                 .reshape(recipe.local_crops, batch, -1))
+    head = projection["dino_head"]
+    student_scores = head.apply({"params": params["dino_head"]}, jnp.concatenate(cls, 0))
+    teacher_scores = head.apply({"params": teacher["dino_head"]},
+                                teacher_out["prefix_tokens"][:, 0]).reshape(2, batch, -1)
+    temperature = teacher_temperature(recipe, step, total_steps)
+    probs = teacher_distribution(teacher_scores, center["dino_head"], temperature)
+    terms["dino"] = dino_loss(student_scores, probs, recipe.student_temperature)
+    aux["teacher_scores"]["dino_head"] = teacher_scores
+    aux.update({f"dino/teacher_{k}": v for k, v in statistics_of(probs).items()})
+  if recipe.ibot > 0:
+    head = projection["ibot_head"]
+    student_scores = head.apply({"params": params["ibot_head"]}, student["patch_tokens"])
+    teacher_scores = head.apply({"params": teacher["ibot_head"]}, teacher_out["patch_tokens"])
+    temperature = teacher_temperature(recipe, step, total_steps)
+    probs = teacher_distribution(teacher_scores, center["ibot_head"], temperature)
+    # Each masked view counts once whatever its number of masked patches (DINOv2's weighting).
+    # The weights of a masked view sum to 1, so the normalisation is by the masked views.
+    weights = token_mask / jnp.maximum(jnp.sum(token_mask, 1, keepdims=True), 1)
+    terms["ibot"] = distillation_loss(student_scores, probs, recipe.student_temperature,
+                                      weights)
+    aux["teacher_scores"]["ibot_head"] = teacher_scores
+    aux.update({f"ibot/teacher_{k}": v for k, v in statistics_of(probs).items()})
+  if recipe.koleo > 0:
+    cls = student["prefix_tokens"][:, 0].reshape(2, batch, -1)
+    terms["koleo"] = (koleo_loss(cls[0]) + koleo_loss(cls[1])) / 2.0
+  if recipe.pixels > 0:
+    decoder = params["pixel_decoder"]
+    predicted = student["patch_tokens"] @ decoder["w"] + decoder["b"]
+    terms["pixels"] = pixel_loss(predicted, global_flat, token_mask, model.config.patch_size,
+                                 recipe.pixel_target)
+  if recipe.attributes > 0:
+    terms["attributes"] = attribute_loss_fn(backbone(params["backbone"], images))
+  loss = sum(getattr(recipe, name) * value for name, value in terms.items())
+  aux.update({f"loss/{name}": value for name, value in terms.items()})
+  return loss, aux
+
+
+def updated_centers(center: Dict[str, jnp.ndarray], teacher_scores: Dict[str, jnp.ndarray],
+                    momentum: float) -> Dict[str, jnp.ndarray]:
+  """center <- momentum center + (1 - momentum) mean(teacher scores over every item)."""
+  return {name: momentum * center[name] + (1.0 - momentum)
+          * jnp.mean(scores.reshape(-1, scores.shape[-1]), 0)
+          for name, scores in teacher_scores.items()}

@@ -1,0 +1,151 @@
+"""The self-supervised objectives (metonymy/training/self_supervised.py) and the masked forward
+they need (models/vit.py's token_mask)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from metonymy.models import vit
+from metonymy.training import self_supervised as ssl
+
+
+def _tiny():
+  config = vit.get_config("vit_tiny_test").replace(image_size=16, patch_size=4,
+                                                   pos_embed_grid=(4, 4))
+  model, params = vit.init_params(config, jax.random.PRNGKey(0))
+  return model, params, config
+
+
+def test_a_masked_patch_s_pixels_never_reach_the_network():
+  model, params, config = _tiny()
+  images = jax.random.normal(jax.random.PRNGKey(1), (2, 16, 16, 3))
+  token_mask = jnp.zeros((2, 16), bool).at[:, 5].set(True)  # patch (1, 1): pixels 4-7, 4-7
+  mask_token = jax.random.normal(jax.random.PRNGKey(2), (config.width,))
+  forward = jax.jit(lambda x, m: model.apply({"params": params}, x, token_mask=m,
+                                             mask_token=mask_token))
+  changed = images.at[:, 4:8, 4:8].add(5.0)
+  masked, masked_changed = forward(images, token_mask), forward(changed, token_mask)
+  for key in ("patch_tokens", "prefix_tokens"):
+    np.testing.assert_array_equal(masked[key], masked_changed[key])
+  # Unmasked, the same change is seen; and an empty mask is the plain forward.
+  plain = forward(images, jnp.zeros_like(token_mask))
+  assert not np.allclose(plain["patch_tokens"], forward(changed, jnp.zeros_like(token_mask))[
+      "patch_tokens"])
+  np.testing.assert_allclose(plain["patch_tokens"],
+                             model.apply({"params": params}, images)["patch_tokens"], atol=1e-6)
+  with pytest.raises(ValueError, match="plain forward"):
+    model.apply({"params": params}, images, part_ids=jnp.zeros((2, 4, 4), jnp.int32),
+                num_parts=1, token_mask=token_mask, mask_token=mask_token)
+
+
+def test_token_masks_mask_the_drawn_share_of_the_chosen_rows():
+  mask = np.asarray(ssl.random_token_masks(jax.random.PRNGKey(0), 400, 100, 0.5, (0.2, 0.4)))
+  counts = mask.sum(1)
+  chosen = counts > 0
+  assert 0.4 < chosen.mean() < 0.6
+  assert counts[chosen].min() >= 20 and counts[chosen].max() <= 40
+  always = np.asarray(ssl.random_token_masks(jax.random.PRNGKey(1), 50, 100, 1.0, (0.3, 0.3)))
+  np.testing.assert_array_equal(always.sum(1), 30)
+
+
+def test_a_full_crop_is_the_image_or_its_mirror():
+  image = jax.random.normal(jax.random.PRNGKey(0), (16, 16, 3))
+  for seed in range(6):
+    view = ssl.random_resized_crop(image, jax.random.PRNGKey(seed), 16, (1.0, 1.0), (1.0, 1.0))
+    assert (np.allclose(view, image, atol=1e-5) or
+            np.allclose(view, image[:, ::-1], atol=1e-5)), seed
+  small = ssl.random_resized_crop(image, jax.random.PRNGKey(0), 8, (0.1, 0.2))
+  assert small.shape == (8, 8, 3)
+
+
+def test_dino_loss_pairs_every_student_view_with_the_other_teacher_views_only():
+  rng = np.random.default_rng(0)
+  student = jnp.asarray(rng.normal(size=(3, 4, 6)), jnp.float32)  # 2 global views + 1 local
+  teacher = jax.nn.softmax(jnp.asarray(rng.normal(size=(2, 4, 6)), jnp.float32), -1)
+  ce = lambda s, t: float(ssl.distillation_loss(student[s], teacher[t], 0.1))
+  expected = (ce(1, 0) + ce(2, 0) + ce(0, 1) + ce(2, 1)) / 4
+  assert float(ssl.dino_loss(student, teacher, 0.1)) == pytest.approx(expected, rel=1e-6)
+  # The student's own view (s == t) would be a trivial target: it is left out.
+  with_own = (ce(0, 0) + ce(1, 0) + ce(2, 0) + ce(0, 1) + ce(1, 1) + ce(2, 1)) / 6
+  assert float(ssl.dino_loss(student, teacher, 0.1)) != pytest.approx(with_own, rel=1e-3)
+
+
+def test_the_teacher_distribution_is_centred_and_sharpened_without_gradient():
+  scores = jnp.array([[2.0, 0.0, 0.0], [2.0, 1.0, 0.0]])
+  center = jnp.array([2.0, 0.0, 0.0])
+  probs = ssl.teacher_distribution(scores, center, 0.5)
+  np.testing.assert_allclose(probs[0], [1 / 3] * 3, atol=1e-6)  # centring removes the bias
+  sharp = ssl.teacher_distribution(scores, jnp.zeros(3), 0.05)
+  assert float(sharp[1, 0]) > 0.99
+  grad = jax.grad(lambda s: jnp.sum(ssl.teacher_distribution(s, center, 0.5)[:, 0]))(scores)
+  np.testing.assert_array_equal(grad, 0.0)
+  new = ssl.updated_centers({"h": jnp.zeros(3)}, {"h": scores}, 0.9)["h"]
+  np.testing.assert_allclose(new, 0.1 * jnp.mean(scores, 0), atol=1e-7)
+
+
+def test_koleo_rewards_spread_features():
+  rng = np.random.default_rng(0)
+  spread = jnp.asarray(rng.normal(size=(32, 8)), jnp.float32)
+  clustered = spread * 0.01 + jnp.ones(8)
+  assert float(ssl.koleo_loss(spread)) < float(ssl.koleo_loss(clustered)) - 1.0
+  assert np.all(np.isfinite(jax.grad(lambda f: ssl.koleo_loss(f))(spread)))
+
+
+def test_the_teacher_follows_the_student_by_its_momentum():
+  teacher, student = {"w": jnp.zeros(3)}, {"w": jnp.ones(3)}
+  np.testing.assert_allclose(ssl.ema(teacher, student, 0.99)["w"], 0.01, atol=1e-7)
+  recipe = ssl.Recipe()
+  assert float(ssl.teacher_momentum(recipe, 0, 100)) == pytest.approx(0.992)
+  assert float(ssl.teacher_momentum(recipe, 99, 100)) == pytest.approx(1.0)
+  assert float(ssl.teacher_temperature(recipe, 0, 100)) == pytest.approx(0.04)
+  assert float(ssl.teacher_temperature(recipe, 50, 100)) == pytest.approx(0.07)
+
+
+def test_pixel_targets_keep_or_remove_a_patch_s_tone():
+  tone = jnp.full((1, 8, 8, 3), 0.7)
+  mask = jnp.ones((1, 4), bool)
+  patch = 4
+  predicted_tone = jnp.full((1, 4, 48), 0.7)
+  assert float(ssl.pixel_loss(predicted_tone, tone, mask, patch, "image")) == pytest.approx(0.0)
+  # Standardised per patch, a plain patch is all zeros: its tone is not in the target.
+  assert float(ssl.pixel_loss(jnp.zeros((1, 4, 48)), tone, mask, patch, "patch")) == (
+      pytest.approx(0.0, abs=1e-6))
+  # Only the masked patches count.
+  half = jnp.array([[True, False, False, False]])
+  wrong_elsewhere = predicted_tone.at[:, 1:].set(0.0)
+  assert float(ssl.pixel_loss(wrong_elsewhere, tone, half, patch, "image")) == pytest.approx(0.0)
+
+
+def test_the_ibot_target_is_the_teacher_s_unmasked_view():
+  """The mask token changes the student's loss but never the teacher's targets."""
+  model, params, config = _tiny()
+  recipe = ssl.Recipe(dino=0.0, koleo=0.0, local_crops=0, mask_probability=1.0,
+                      prototypes=16, head_hidden=16, head_bottleneck=8)
+  trainable = {"backbone": params, **ssl.init_heads(recipe, jax.random.PRNGKey(3), config.width,
+                                                    config.patch_size)}
+  teacher = ssl.teacher_part(trainable)
+  images = jax.random.normal(jax.random.PRNGKey(4), (4, 16, 16, 3))
+
+  def run(mask_token):
+    p = dict(trainable, mask_token=mask_token)
+    return ssl.objective(model, recipe, p, teacher, ssl.centers(recipe), images,
+                         jax.random.PRNGKey(5), 0, 10)
+
+  loss_a, aux_a = run(trainable["mask_token"])
+  loss_b, aux_b = run(trainable["mask_token"] + 1.0)
+  np.testing.assert_array_equal(aux_a["teacher_scores"]["ibot_head"],
+                                aux_b["teacher_scores"]["ibot_head"])
+  assert float(loss_a) != float(loss_b)
+  grad = jax.grad(lambda token: run(token)[0])(trainable["mask_token"])
+  assert float(jnp.linalg.norm(grad)) > 0.0
+
+
+def test_recipes_refuse_unknown_options_and_empty_objectives():
+  with pytest.raises(ValueError, match="unknown self-supervised option.*'dinno'"):
+    ssl.Recipe.from_dict({"dinno": 1.0})
+  with pytest.raises(ValueError, match="nothing to train"):
+    ssl.Recipe(dino=0, ibot=0, koleo=0)
+  with pytest.raises(ValueError, match="pixel_target"):
+    ssl.Recipe(pixel_target="tone")
+  assert ssl.Recipe.from_dict({"mask_ratio": [0.2, 0.3]}).mask_ratio == (0.2, 0.3)
