@@ -81,22 +81,32 @@ WORLDS = {
                # pixel of a part showing its attributes: pretrained on v2 alone its loss stays on
                # the constant predictor's plateau (docs/experiments.md, "The world").
                warmup={"share": 1 / 3, "world": {"evidence_fraction": 1.0}}),
-    "v3": dict(image_size=64, stand_in_name="demo_stand_in_v3_world{seed}",
+    "v3": dict(image_size=64, stand_in_name="demo_stand_in_v3_ssl_world{seed}",
                options={"scale_range": (0.5, 0.65), "max_rotation": 180.0,
                         "min_translation": 0.18, "evidence_fraction": 0.15,
                         "plain_tone": "part"},
-               # 1,000 warm-up and 4,000 v3 steps: with the demo's 2,000 v3 steps the stand-in's
-               # CLS mAP on `val` was still rising (0.479; 0.573 after 4,000, 0.566 after 3,000:
-               # docs/experiments.md, "Why Stage 1 finds nothing on v3").
-               pretrain_steps=5000,
+               # The stand-in learns as DINOv2 does (SELF_SUPERVISED); `stand_in_objective=
+               # attributes` takes the supervised one shipped before it, whose last-block tokens
+               # hold the parts linearly but not as their geometry (docs/experiments.md, "The
+               # stand-in").
+               stand_in_objective="self_supervised",
+               supervised=dict(stand_in_name="demo_stand_in_v3_world{seed}",
+                               # 1,000 warm-up and 4,000 v3 steps: with 2,000 v3 steps the
+                               # CLS mAP on `val` was still rising (docs/experiments.md).
+                               pretrain_steps=5000,
+                               warmup={"share": 1 / 5, "world": {"evidence_fraction": 1.0}}),
                # Part discovery with the attribute losses alone, as the Table-3 job: with every
                # prior at PDiscoFormer's weight single-stage collapses to the background on v3
                # (val: 94% of the patches; docs/experiments.md, "Single-stage on v3"), and so did
                # both of the demo's runs (93%). 700 steps each: at 1,000 the demo took 585 s on
                # 2 idle cores, too close to its 10 minutes.
-               priors="off", single_steps=700, two_stage_steps=700,
-               warmup={"share": 1 / 5, "world": {"evidence_fraction": 1.0}}),
+               priors="off", single_steps=700, two_stage_steps=700),
 }
+# The self-supervised stand-in (training/self_supervised.py; DINOv2's objectives scaled to the
+# tiny ViT), chosen on `val` by the token geometry Stage 1 needs (docs/experiments.md, "The
+# stand-in"): its steps, rates and the Recipe options that differ from the defaults.
+SELF_SUPERVISED = dict(steps=3000, batch_size=32, learning_rate=5e-4, weight_decay=0.04,
+                       self_supervised={"brightness": 0.35})
 WORLD = "v3"  # The world that can test part discovery (issue 27); v1, v2: the record.
 PATCH = 4
 # Stage 2's ViT learning rate at batch 64 (square-root scaled like every rate). The paper's 2e-6
@@ -165,10 +175,16 @@ def training_config(config_file: str, name: str, size: dict, steps: int,
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-  arg = config_lib.parse_arg(arg, tiny=False, stand_in=False, world=WORLD)
+  arg = config_lib.parse_arg(arg, tiny=False, stand_in=False, world=WORLD, stand_in_objective="")
   if arg.world not in WORLDS:
     raise ValueError(f"Config argument world={arg.world!r}: expected one of {sorted(WORLDS)}.")
-  chosen = WORLDS[arg.world]
+  chosen = dict(WORLDS[arg.world])
+  objective = arg.stand_in_objective or chosen.get("stand_in_objective", "attributes")
+  if objective not in ("attributes", "self_supervised"):
+    raise ValueError(f"Config argument stand_in_objective={objective!r}: expected attributes or "
+                     "self_supervised.")
+  if objective == "attributes" and "supervised" in chosen:
+    chosen.update(chosen["supervised"])
   size = dict(SIZES["tiny" if arg.tiny else "full"], world_options=chosen["options"])
   if not arg.tiny:  # A world's own stand-in schedule and training budget.
     size.update({k: chosen[k] for k in ("pretrain_steps", "single_steps", "two_stage_steps")
@@ -192,12 +208,20 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   config.backbone = config_lib.random_backbone(
       patch_size=PATCH, width=64, depth=size["depth"], num_heads=4, mlp_dim=128,
       pos_embed_grid=(image_size // PATCH, image_size // PATCH), image_size=image_size)
-  config.backbone_pretraining = config_lib.backbone_pretraining(
-      size["pretrain_steps"], batch_size=32, images=size["splits"][0])
+  if objective == "self_supervised":
+    options = dict(SELF_SUPERVISED)
+    if arg.tiny:  # Seconds: a few steps, small heads, no local views (half the compile).
+      options.update(steps=size["pretrain_steps"], self_supervised=dict(
+          options["self_supervised"], local_crops=0, prototypes=32, head_hidden=32))
+    config.backbone_pretraining = config_lib.backbone_pretraining(
+        images=size["splits"][0], objective=objective, **options)
+  else:
+    config.backbone_pretraining = config_lib.backbone_pretraining(
+        size["pretrain_steps"], batch_size=32, images=size["splits"][0])
   # Use the stand-in shipped in metonymy/assets/ when it was made by exactly this recipe (arch,
   # seed, pretraining, world); otherwise (or with False) pretrain it here.
   config.backbone_pretraining.shipped = not (arg.tiny or arg.stand_in)
-  if "warmup" in chosen:  # Its steps count in the pretraining's; the recipe records both.
+  if "warmup" in chosen and objective == "attributes":  # Counted in the steps; recorded.
     warmup_steps = round(chosen["warmup"]["share"] * size["pretrain_steps"])
     config.backbone_pretraining.steps = size["pretrain_steps"] - warmup_steps
     config.backbone_pretraining.warmup_steps = warmup_steps

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from metonymy import config_lib
+from metonymy.evaluation import patch_grid
 from metonymy.probe import masks as masks_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,7 +61,7 @@ def test_seven_part_map_is_inferred_with_its_background(tmp_path, background):
   reference = _seven_part_labels("last")
   np.testing.assert_array_equal(maps.labels, reference)
   assert np.all(maps.labels[:, 0, :] == 7)
-  part_ids, _ = masks_lib.patch_part_ids(maps.labels, source.num_parts, patch_size=1)
+  part_ids, _ = patch_grid.patch_part_ids(maps.labels, source.num_parts, patch_size=1)
   np.testing.assert_array_equal(part_ids == source.num_parts, reference == 7)
   # An explicit, matching K is accepted too.
   explicit = masks_lib.make_source(

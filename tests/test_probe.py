@@ -25,6 +25,7 @@ from metonymy.probe import extract as extract_lib
 from metonymy.probe import features as features_lib
 from metonymy.probe import leakage as leakage_lib
 from metonymy.probe import linear
+from metonymy.evaluation import patch_grid
 from metonymy.probe import masks as masks_lib
 from metonymy.training import writers
 
@@ -48,19 +49,19 @@ def test_patch_rules_hand_computed():
                       [2, 2, 2, 2],
                       [0, 1, 2, 2],
                       [1, 2, 2, 2]]])
-  plurality, coverage = masks_lib.patch_part_ids(labels, 2, 2, "plurality")
-  foreground, _ = masks_lib.patch_part_ids(labels, 2, 2, "foreground")
+  plurality, coverage = patch_grid.patch_part_ids(labels, 2, 2, "plurality")
+  foreground, _ = patch_grid.patch_part_ids(labels, 2, 2, "foreground")
   # Patch (0, 0): {0, 0, 2, 2}: a tie, won by the foreground part. Patch (0, 1): {1, 2, 2, 2}.
   np.testing.assert_array_equal(plurality[0], [[0, 2], [1, 2]])
   np.testing.assert_array_equal(foreground[0], [[0, 1], [1, 2]])
   np.testing.assert_allclose(coverage[0, 0, 1], [0, 0.25, 0.75])
   np.testing.assert_allclose(coverage.sum(-1), 1.0)
   with pytest.raises(ValueError, match="patch rule"):
-    masks_lib.patch_part_ids(labels, 2, 2, "majority")
+    patch_grid.patch_part_ids(labels, 2, 2, "majority")
   with pytest.raises(ValueError, match="do not tile"):
-    masks_lib.patch_part_ids(labels, 2, 3)
+    patch_grid.patch_part_ids(labels, 2, 3)
   with pytest.raises(ValueError, match="must lie in"):
-    masks_lib.patch_part_ids(labels + 1, 2, 2)
+    patch_grid.patch_part_ids(labels + 1, 2, 2)
 
 
 def test_keypoint_parts_and_overlap():
@@ -373,7 +374,7 @@ def test_causal_leakage_is_exactly_zero_under_early_masking():
   images = np.stack([b["image"] for b in batch]).astype(np.float32)
   maps = masks_lib.GroundTruthMasks(5, source.info.keypoint_groups)(
       {"part_segmentation": np.stack([b["part_segmentation"] for b in batch])})
-  ids, coverage = masks_lib.patch_part_ids(maps.labels, 5, 4)
+  ids, coverage = patch_grid.patch_part_ids(maps.labels, 5, 4)
   # The last row is padding: real donors come from the first 5 rows only.
   out = leakage_lib.batch_leakage(features_lib.make_extractors(model, 5), params, images, ids,
                                   coverage, 5, 4, num_valid=5)

@@ -187,7 +187,7 @@ def story_results(config, backbone: str, stand_in_record: Optional[Dict], bench:
           "max_part_share_single": single["max_part_share"],
           "max_part_share_two_stage": two["max_part_share"],
           "collapsed": single["collapsed"] or two["collapsed"],
-          "stand_in_cls_map_val": (record.get("quality_val") or {}).get("cls/mAP")},
+          "stand_in_cls_map_val": readme.stand_in_cls_map(record.get("quality_val") or {})},
       "seconds": seconds,
       "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                   "backend": _backend()},

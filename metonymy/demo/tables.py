@@ -37,16 +37,23 @@ def results_tables(results: Dict) -> List[str]:
       ["Model", "Attribute head", "mAP", "NMI", "ARI", "NMI fg", "ARI fg", "largest part share"],
       rows)
   quality = (results["backbone"].get("quality_val") or {})
-  rows = [["attribute mAP of its CLS head", text.fmt(quality.get("cls/mAP")),
-           text.fmt(quality.get("chance/mAP"))],
-          ["attribute mAP of its part read-out head", text.fmt(quality.get("parts/mAP")),
-           text.fmt(quality.get("chance/mAP"))]]
+  rows = []
+  if "cls/mAP" in quality:  # A supervised stand-in's own heads.
+    rows += [["attribute mAP of its CLS head", text.fmt(quality.get("cls/mAP")),
+              text.fmt(quality.get("chance/mAP"))],
+             ["attribute mAP of its part read-out head", text.fmt(quality.get("parts/mAP")),
+              text.fmt(quality.get("chance/mAP"))]]
+  if "cls_probe/mAP" in quality:
+    rows.append(["attribute mAP of linear probes on its frozen CLS token",
+                 text.fmt(quality["cls_probe/mAP"]), text.fmt(quality["cls_probe/chance"])])
   if "part_probe/balanced_accuracy" in quality:
     rows += [["a patch token's part, logistic probe (balanced accuracy)",
               text.fmt(quality["part_probe/balanced_accuracy"]),
               text.fmt(quality["part_probe/chance"])],
-             ["k-means on the foreground patch tokens vs the true parts (NMI x100)",
-              text.fmt(quality["kmeans_fg/NMI"], 1), "0"]]
+             ["k-means on the last block's foreground tokens vs the true parts (NMI x100)",
+              text.fmt(quality["kmeans_fg/NMI"], 1),
+              f"{text.fmt(quality.get('position_fg/NMI'), 1)} (k-means on the patch position)"
+              if "position_fg/NMI" in quality else "0"]]
   stand_in = probe_report.markdown_table(["Stand-in backbone, on `val`", "value", "chance level"],
                    rows) if quality else ""
   return [leak, "", discovery, "", stand_in, "", priors_table(pd.get("priors"))]

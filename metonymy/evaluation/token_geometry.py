@@ -13,7 +13,7 @@ score:
                               place in the frame says, the chance level of the above.
   part_probe/balanced_accuracy  a logistic probe from one last-block token to its label (linear
                               legibility); part_probe/chance = 1 / (K + 1).
-  cls_probe/mAP              attribute linear probes (one logistic regression per attribute) on
+  cls_probe/mAP              attribute linear probes (ridge regression, `ridge_probe_scores`) on
                               the frozen CLS token, fit and scored on the same split of the images;
                               cls_probe/chance: a constant score's mAP.
 """
@@ -41,6 +41,23 @@ def _kmeans_nmi(features: np.ndarray, labels: np.ndarray, fit: np.ndarray, clust
   kmeans = cluster.KMeans(clusters, n_init=3, random_state=seed).fit(features[fit])
   return 100.0 * float(sk_metrics.normalized_mutual_info_score(
       labels[~fit], kmeans.predict(features[~fit])))
+
+
+def ridge_probe_scores(features: np.ndarray, labels: np.ndarray, valid: np.ndarray,
+                       held_out: np.ndarray, ridge: float = 1.0) -> np.ndarray:
+  """Linear probes of every attribute at once: ridge regression of the +-1 labels [N, A] on the
+  standardised features [N, D] (one closed-form solve; an unknown label weighs 0), scores of
+  `held_out` [M, D] -> [M, A]. AP only ranks the scores, so a least-squares probe serves."""
+  mean, std = features.mean(0), features.std(0) + 1e-6
+  x = np.concatenate([(features - mean) / std, np.ones((len(features), 1))], 1).astype(np.float64)
+  z = np.concatenate([(held_out - mean) / std, np.ones((len(held_out), 1))], 1)
+  targets = (2.0 * labels - 1.0) * valid
+  scores = np.zeros((len(held_out), labels.shape[1]), np.float32)
+  penalty = ridge * len(x) * np.eye(x.shape[1])
+  for a in range(labels.shape[1]):  # Each attribute over its own known labels.
+    w = valid[:, a][:, None]
+    scores[:, a] = z @ np.linalg.solve(x.T @ (w * x) + penalty, x.T @ (w[:, 0] * targets[:, a]))
+  return scores
 
 
 def token_geometry(forward: Callable[[np.ndarray], Dict[str, np.ndarray]], images: np.ndarray,
@@ -93,13 +110,8 @@ def token_geometry(forward: Callable[[np.ndarray], Dict[str, np.ndarray]], image
   result["part_probe/chance"] = 1.0 / (num_parts + 1)
   if attributes is not None:
     valid = np.ones_like(attributes) if attribute_valid is None else attribute_valid
-    scores = np.zeros(attributes[fit_images:].shape, np.float32)
-    for a in range(attributes.shape[1]):
-      known = valid[:fit_images, a] > 0
-      target = attributes[:fit_images, a][known]
-      if known.sum() and target.min() != target.max():
-        head = linear_model.LogisticRegression(max_iter=500).fit(cls[:fit_images][known], target)
-        scores[:, a] = head.decision_function(cls[fit_images:])
+    scores = ridge_probe_scores(cls[:fit_images], attributes[:fit_images], valid[:fit_images],
+                                cls[fit_images:])
     held_out = attributes[fit_images:], valid[fit_images:]
     result["cls_probe/mAP"] = float(np.nanmean(metrics.average_precision(scores, *held_out)))
     result["cls_probe/chance"] = float(np.nanmean(metrics.average_precision(

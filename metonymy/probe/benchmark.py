@@ -38,6 +38,7 @@ from metonymy.probe import extract as extract_lib
 from metonymy.probe import features as features_lib
 from metonymy.probe import leakage as leakage_lib
 from metonymy.probe import linear
+from metonymy.evaluation import patch_grid
 from metonymy.probe import masks as masks_lib
 
 ROLES = ("train", "val", "test")
@@ -459,7 +460,7 @@ def causal_leakage(extractors, params, vit_config, config, mask_source, seed: in
   for batch in ds:
     n = int(np.asarray(batch["valid"]).sum())
     maps = mask_source(batch)
-    part_ids, coverage = masks_lib.patch_part_ids(maps.labels, k, vit_config.patch_size,
+    part_ids, coverage = patch_grid.patch_part_ids(maps.labels, k, vit_config.patch_size,
                                                   config.masks.patch_rule)
     images = np.asarray(batch["image"], np.float32)
     if len(visual["images"]) < overlay_count:

@@ -22,6 +22,7 @@ import numpy as np
 
 from metonymy.data import pipeline as pipeline_lib
 from metonymy.probe import cache as cache_lib
+from metonymy.evaluation import patch_grid
 from metonymy.probe import masks as masks_lib
 
 
@@ -133,7 +134,7 @@ def _run_chunk(subset, wanted: List[str], mask_source, patch_size, patch_rule, e
       raise ValueError("padding rows must come after the real rows of a batch")
     maps = mask_source(batch)
     num_parts = mask_source.num_parts
-    part_ids, coverage = masks_lib.patch_part_ids(maps.labels, num_parts, patch_size, patch_rule)
+    part_ids, coverage = patch_grid.patch_part_ids(maps.labels, num_parts, patch_size, patch_rule)
     if "labels" in wanted:
       pieces["labels"].append({k: v[:n] for k, v in annotate(batch, maps, part_ids,
                                                              num_parts).items()})

@@ -7,7 +7,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from metonymy import loading
-from metonymy.probe import masks as masks_lib
+from metonymy.evaluation import patch_grid
 from metonymy.runs import subjobs
 from metonymy.training import inputs
 from metonymy.workdir import Workdir
@@ -36,7 +36,7 @@ def compute(config, dirs: Dict[Tuple[str, int], Workdir], seed: int,
   batch = next(iter(inputs.eval_pipeline(source, data, mean, std, num_images)))
   images = np.asarray(batch["image"], np.float32)[:num_images]
   num_parts = int(first.num_parts)
-  truth = (np.stack([masks_lib.segmentation_part_labels(source[i]["part_segmentation"], num_parts)
+  truth = (np.stack([patch_grid.segmentation_part_labels(source[i]["part_segmentation"], num_parts)
                      for i in range(num_images)])
            if "part_segmentation" in source[0] else None)
   labels = {v: np.asarray(model.pixel_labels(images, mean, std)[0])
