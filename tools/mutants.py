@@ -195,6 +195,23 @@ MUTANTS: Sequence[Mutant] = (
            ("tests/test_prototype_init.py::"
             "test_the_background_is_the_cluster_holding_the_border_ring",),
            "the k-means start makes the cluster with the least border the background"),
+    # Self-supervised pretraining (the stand-in): what the student may see and what it predicts.
+    Mutant("mask_token_ignored", "metonymy/models/vit.py",
+           (("      patches = jnp.where(token_mask[..., None], mask_token.astype(self.dtype), patches)",
+             "      patches = patches + 0.0 * mask_token.astype(self.dtype)"),),
+           ("tests/test_self_supervised.py::test_a_masked_patch_s_pixels_never_reach_the_network",),
+           "masked patches enter the student with their pixels"),
+    Mutant("ibot_target_masked", "metonymy/training/self_supervised.py",
+           (("                           teacher_views.reshape((-1,) + teacher_views.shape[2:]))",
+             "                           teacher_views.reshape((-1,) + teacher_views.shape[2:]),\n"
+             "                           token_mask=token_mask, mask_token=params.get(\"mask_token\"))"),),
+           ("tests/test_self_supervised.py::test_the_ibot_target_is_the_teacher_s_unmasked_view",),
+           "the teacher's iBOT targets come from the masked view"),
+    Mutant("dino_own_view", "metonymy/training/self_supervised.py",
+           (("      if s != t:\n", "      if True:\n"),),
+           ("tests/test_self_supervised.py::"
+            "test_dino_loss_pairs_every_student_view_with_the_other_teacher_views_only",),
+           "DINO pairs a student view with the teacher's own view of it"),
 )
 
 

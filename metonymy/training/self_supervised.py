@@ -42,6 +42,7 @@ from metonymy.models import projection_head
 
 OBJECTIVES = ("dino", "ibot", "koleo", "pixels", "attributes")
 PIXEL_TARGETS = ("image", "patch")
+PATCH_LOSSES = ("masked", "all")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +62,13 @@ class Recipe:
   # channel: the world's own per-image lighting (+-20 of 255 on every channel, ~0.35 here), which
   # keeps the differences between a part's tone and another's (docs/experiments.md).
   brightness: float = 0.0
+  # The teacher sees each global crop under a lighting of its own (same geometry, another
+  # brightness offset): its patch targets then ask the student's token for what lighting does
+  # not change. False: the student's view, as DINOv2.
+  relight_teacher: bool = False
+  # Which student patch tokens predict the teacher's token at their place: "masked" (iBOT), or
+  # "all" (every token of the global views; the unmasked ones predict it across lighting).
+  patch_loss: str = "masked"
   local_crops: int = 4
   local_size: int = 32
   local_scale: Tuple[float, float] = (0.1, 0.4)
@@ -73,6 +81,8 @@ class Recipe:
   center_momentum: float = 0.9
 
   def __post_init__(self):
+    if self.patch_loss not in PATCH_LOSSES:
+      raise ValueError(f"patch_loss must be one of {PATCH_LOSSES}, got {self.patch_loss!r}")
     if self.pixel_target not in PIXEL_TARGETS:
       raise ValueError(f"pixel_target must be one of {PIXEL_TARGETS}, got {self.pixel_target!r}")
     if all(getattr(self, name) == 0 for name in OBJECTIVES):
@@ -135,10 +145,11 @@ def random_resized_crop(image: jnp.ndarray, rng: jax.Array, size: int,
 
 
 def views(images: jnp.ndarray, rng: jax.Array, recipe: Recipe
-          ) -> Tuple[jnp.ndarray, Optional[jnp.ndarray]]:
-  """(global views [2, B, H, W, 3], local views [L, B, s, s, 3] or None)."""
+          ) -> Tuple[jnp.ndarray, jnp.ndarray, Optional[jnp.ndarray]]:
+  """(the student's global views [2, B, H, W, 3], the teacher's (the same, or relit:
+  `relight_teacher`), local views [L, B, s, s, 3] or None)."""
   size = images.shape[1]
-  r_global, r_local = jax.random.split(rng)
+  r_global, r_local, r_light = jax.random.split(rng, 3)
 
   def crops(key, count, crop_size, scale):
     keys = jax.random.split(key, count * images.shape[0]).reshape(count, images.shape[0], -1)
@@ -149,7 +160,12 @@ def views(images: jnp.ndarray, rng: jax.Array, recipe: Recipe
   global_views = crops(r_global, 2, size, recipe.global_scale)
   local_views = (crops(r_local, recipe.local_crops, recipe.local_size, recipe.local_scale)
                  if recipe.local_crops else None)
-  return global_views, local_views
+  teacher_views = global_views
+  if recipe.relight_teacher:  # A second offset on top of the student's: another lighting.
+    offsets = jax.random.uniform(r_light, (2, images.shape[0], 1, 1, 1),
+                                 minval=-recipe.brightness, maxval=recipe.brightness)
+    teacher_views = global_views + offsets
+  return global_views, teacher_views, local_views
 
 
 def random_token_masks(rng: jax.Array, batch: int, num_patches: int, probability: float,
@@ -308,7 +324,7 @@ def objective(model, recipe: Recipe, params: Dict, teacher: Optional[Dict],
   `attribute_loss_fn(student_output)` gives the attribute loss on the whole image (a backbone
   output dict), needed when recipe.attributes > 0."""
   r_views, r_mask = jax.random.split(rng)
-  global_views, local_views = views(images, r_views, recipe)
+  global_views, teacher_views, local_views = views(images, r_views, recipe)
   batch = images.shape[0]
   global_flat = global_views.reshape((-1,) + global_views.shape[2:])
   num_patches = (images.shape[1] // model.config.patch_size) ** 2
@@ -322,7 +338,8 @@ def objective(model, recipe: Recipe, params: Dict, teacher: Optional[Dict],
   terms, aux = {}, {"teacher_scores": {}}
   projection = heads(recipe)
   if recipe.distills:
-    teacher_out = backbone(teacher["backbone"], global_flat)
+    teacher_out = backbone(teacher["backbone"],
+                           teacher_views.reshape((-1,) + teacher_views.shape[2:]))
   if recipe.dino > 0:
     cls = [student["prefix_tokens"][:, 0].reshape(2, batch, -1)]
     if local_views is not None:
@@ -345,8 +362,9 @@ def objective(model, recipe: Recipe, params: Dict, teacher: Optional[Dict],
     temperature = teacher_temperature(recipe, step, total_steps)
     probs = teacher_distribution(teacher_scores, center["ibot_head"], temperature)
     # Each masked view counts once whatever its number of masked patches (DINOv2's weighting).
-    # The weights of a masked view sum to 1, so the normalisation is by the masked views.
-    weights = token_mask / jnp.maximum(jnp.sum(token_mask, 1, keepdims=True), 1)
+    # The weights of a view sum to 1, so the normalisation is by the views that count.
+    counted = token_mask if recipe.patch_loss == "masked" else jnp.ones_like(token_mask)
+    weights = counted / jnp.maximum(jnp.sum(counted, 1, keepdims=True), 1)
     terms["ibot"] = distillation_loss(student_scores, probs, recipe.student_temperature,
                                       weights)
     aux["teacher_scores"]["ibot_head"] = teacher_scores
