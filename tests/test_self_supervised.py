@@ -52,11 +52,33 @@ def test_token_masks_mask_the_drawn_share_of_the_chosen_rows():
 def test_a_full_crop_is_the_image_or_its_mirror():
   image = jax.random.normal(jax.random.PRNGKey(0), (16, 16, 3))
   for seed in range(6):
-    view = ssl.random_resized_crop(image, jax.random.PRNGKey(seed), 16, (1.0, 1.0), (1.0, 1.0))
-    assert (np.allclose(view, image, atol=1e-5) or
-            np.allclose(view, image[:, ::-1], atol=1e-5)), seed
-  small = ssl.random_resized_crop(image, jax.random.PRNGKey(0), 8, (0.1, 0.2))
+    view, box = ssl.random_resized_crop(image, jax.random.PRNGKey(seed), 16, (1.0, 1.0),
+                                        (1.0, 1.0))
+    expected = image[:, ::-1] if box[4] else image
+    np.testing.assert_allclose(view, expected, atol=1e-5)
+    np.testing.assert_allclose(box[:4], [0, 0, 16, 16], atol=1e-4)
+  small, box = ssl.random_resized_crop(image, jax.random.PRNGKey(0), 8, (0.1, 0.2))
   assert small.shape == (8, 8, 3)
+  assert 0.1 * 256 - 1e-3 <= float(box[2] * box[3]) <= 0.2 * 256 + 1e-3
+
+
+def test_corresponding_tokens_follow_the_crops_geometry():
+  whole = jnp.array([[0.0, 0.0, 16.0, 16.0, 0.0]])
+  mirrored = whole.at[0, 4].set(1.0)
+  index, inside = ssl.corresponding_tokens(whole, 4, whole, 4)
+  np.testing.assert_array_equal(index[0], np.arange(16))
+  assert bool(inside.all())
+  index, _ = ssl.corresponding_tokens(whole, 4, mirrored, 4)  # the teacher's view is mirrored
+  np.testing.assert_array_equal(index[0].reshape(4, 4), np.arange(16).reshape(4, 4)[:, ::-1])
+  # A student crop of the image's top-left quarter at a 2 x 2 grid: its tokens are the
+  # teacher's (0, 0), (0, 1), (1, 0), (1, 1) on the whole image's 4 x 4 grid.
+  quarter = jnp.array([[0.0, 0.0, 8.0, 8.0, 0.0]])
+  index, inside = ssl.corresponding_tokens(quarter, 2, whole, 4)
+  np.testing.assert_array_equal(index[0], [0, 1, 4, 5])
+  # The teacher's crop is the right half: the quarter's points lie outside it.
+  right = jnp.array([[0.0, 8.0, 16.0, 8.0, 0.0]])
+  _, inside = ssl.corresponding_tokens(quarter, 2, right, 4)
+  assert not bool(inside.any())
 
 
 def test_dino_loss_pairs_every_student_view_with_the_other_teacher_views_only():

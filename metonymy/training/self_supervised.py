@@ -43,6 +43,7 @@ from metonymy.models import projection_head
 OBJECTIVES = ("dino", "ibot", "koleo", "pixels", "attributes")
 PIXEL_TARGETS = ("image", "patch")
 PATCH_LOSSES = ("masked", "all")
+PATCH_VIEWS = ("same", "cross")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +70,11 @@ class Recipe:
   # Which student patch tokens predict the teacher's token at their place: "masked" (iBOT), or
   # "all" (every token of the global views; the unmasked ones predict it across lighting).
   patch_loss: str = "masked"
+  # Where the teacher's patch targets come from: "same", the student's own view at the same
+  # token (iBOT); "cross", the other global view at the same point of the image, for every token
+  # of every student view, global and local (a dense DINO: a token seen with less or other
+  # context must say what the teacher says there; the crops' geometry gives the pairs).
+  patch_views: str = "same"
   local_crops: int = 4
   local_size: int = 32
   local_scale: Tuple[float, float] = (0.1, 0.4)
@@ -81,6 +87,8 @@ class Recipe:
   center_momentum: float = 0.9
 
   def __post_init__(self):
+    if self.patch_views not in PATCH_VIEWS:
+      raise ValueError(f"patch_views must be one of {PATCH_VIEWS}, got {self.patch_views!r}")
     if self.patch_loss not in PATCH_LOSSES:
       raise ValueError(f"patch_loss must be one of {PATCH_LOSSES}, got {self.patch_loss!r}")
     if self.pixel_target not in PIXEL_TARGETS:
@@ -122,11 +130,12 @@ class Recipe:
 def random_resized_crop(image: jnp.ndarray, rng: jax.Array, size: int,
                         scale: Tuple[float, float],
                         ratio: Tuple[float, float] = (3 / 4, 4 / 3),
-                        brightness: float = 0.0) -> jnp.ndarray:
-  """image [H, W, 3] -> [size, size, 3]: a random crop of `scale` of the area and aspect `ratio`
-  (log-uniform), inside the image, resized bilinearly (antialiased when shrinking), then flipped
-  left-right with probability 1/2 (torchvision's RandomResizedCrop + RandomHorizontalFlip), its
-  brightness moved by one offset ~ U(-brightness, brightness)."""
+                        brightness: float = 0.0) -> Tuple[jnp.ndarray, jnp.ndarray]:
+  """image [H, W, 3] -> (view [size, size, 3], box [5]): a random crop of `scale` of the area and
+  aspect `ratio` (log-uniform), inside the image, resized bilinearly (antialiased when
+  shrinking), then flipped left-right with probability 1/2 (torchvision's RandomResizedCrop +
+  RandomHorizontalFlip), its brightness moved by one offset ~ U(-brightness, brightness).
+  box: (top, left, height, width, flipped) of the crop in the image's pixels."""
   height, width = image.shape[:2]
   r_area, r_ratio, r_y, r_x, r_flip, r_light = jax.random.split(rng, 6)
   area = jax.random.uniform(r_area, (), minval=scale[0], maxval=scale[1]) * height * width
@@ -140,14 +149,47 @@ def random_resized_crop(image: jnp.ndarray, rng: jax.Array, size: int,
   view = jax.image.scale_and_translate(image, (size, size, image.shape[2]), (0, 1), scales,
                                        -jnp.stack([top, left]) * scales, method="linear",
                                        antialias=True)
-  view = jnp.where(jax.random.bernoulli(r_flip), view[:, ::-1], view)
-  return view + jax.random.uniform(r_light, (), minval=-brightness, maxval=brightness)
+  flipped = jax.random.bernoulli(r_flip)
+  view = jnp.where(flipped, view[:, ::-1], view)
+  box = jnp.stack([top, left, crop_h, crop_w, flipped.astype(jnp.float32)])
+  return view + jax.random.uniform(r_light, (), minval=-brightness, maxval=brightness), box
 
 
-def views(images: jnp.ndarray, rng: jax.Array, recipe: Recipe
-          ) -> Tuple[jnp.ndarray, jnp.ndarray, Optional[jnp.ndarray]]:
-  """(the student's global views [2, B, H, W, 3], the teacher's (the same, or relit:
-  `relight_teacher`), local views [L, B, s, s, 3] or None)."""
+def corresponding_tokens(student_boxes: jnp.ndarray, student_grid: int,
+                         teacher_boxes: jnp.ndarray, teacher_grid: int
+                         ) -> Tuple[jnp.ndarray, jnp.ndarray]:
+  """For every token of a student view, the teacher view's token at the same image point.
+
+  Args:
+    student_boxes, teacher_boxes: [B, 5] crop boxes (`random_resized_crop`).
+    student_grid, teacher_grid: the views' patch grids (square).
+
+  Returns:
+    (int32 teacher token index [B, n*n] in raster order, bool [B, n*n]: the point is inside the
+    teacher's crop).
+  """
+  cells = jnp.arange(student_grid, dtype=jnp.float32) + 0.5
+
+  def one(sb, tb):
+    rows = sb[0] + cells * sb[2] / student_grid                       # image y of each row
+    cols_in_view = jnp.where(sb[4] > 0, student_grid - cells, cells)  # undo the flip
+    cols = sb[1] + cols_in_view * sb[3] / student_grid
+    t_rows = (rows - tb[0]) / tb[2] * teacher_grid
+    t_cols = (cols - tb[1]) / tb[3] * teacher_grid
+    t_cols = jnp.where(tb[4] > 0, teacher_grid - t_cols, t_cols)
+    r = jnp.floor(t_rows).astype(jnp.int32)[:, None]
+    c = jnp.floor(t_cols).astype(jnp.int32)[None, :]
+    inside = (r >= 0) & (r < teacher_grid) & (c >= 0) & (c < teacher_grid)
+    index = jnp.clip(r, 0, teacher_grid - 1) * teacher_grid + jnp.clip(c, 0, teacher_grid - 1)
+    return index.reshape(-1), inside.reshape(-1)
+
+  return jax.vmap(one)(student_boxes, teacher_boxes)
+
+
+def views(images: jnp.ndarray, rng: jax.Array, recipe: Recipe) -> Dict[str, jnp.ndarray]:
+  """{"global": the student's global views [2, B, H, W, 3], "teacher": the teacher's (the
+  same, or relit: `relight_teacher`), "local": [L, B, s, s, 3] (absent without local crops),
+  "global_boxes" [2, B, 5], "local_boxes" [L, B, 5]: the crops (`random_resized_crop`)}."""
   size = images.shape[1]
   r_global, r_local, r_light = jax.random.split(rng, 3)
 
@@ -155,17 +197,19 @@ def views(images: jnp.ndarray, rng: jax.Array, recipe: Recipe
     keys = jax.random.split(key, count * images.shape[0]).reshape(count, images.shape[0], -1)
     crop = lambda k, im: random_resized_crop(im, k, crop_size, scale,
                                              brightness=recipe.brightness)
-    return jax.vmap(lambda ks: jax.vmap(crop)(ks, images))(keys)
+    return jax.vmap(lambda ks: jax.vmap(crop)(ks, images))(keys)  # ([n, B, s, s, 3], [n, B, 5])
 
-  global_views = crops(r_global, 2, size, recipe.global_scale)
-  local_views = (crops(r_local, recipe.local_crops, recipe.local_size, recipe.local_scale)
-                 if recipe.local_crops else None)
-  teacher_views = global_views
+  out = {}
+  out["global"], out["global_boxes"] = crops(r_global, 2, size, recipe.global_scale)
+  if recipe.local_crops:
+    out["local"], out["local_boxes"] = crops(r_local, recipe.local_crops, recipe.local_size,
+                                             recipe.local_scale)
+  out["teacher"] = out["global"]
   if recipe.relight_teacher:  # A second offset on top of the student's: another lighting.
     offsets = jax.random.uniform(r_light, (2, images.shape[0], 1, 1, 1),
                                  minval=-recipe.brightness, maxval=recipe.brightness)
-    teacher_views = global_views + offsets
-  return global_views, teacher_views, local_views
+    out["teacher"] = out["global"] + offsets
+  return out
 
 
 def random_token_masks(rng: jax.Array, batch: int, num_patches: int, probability: float,
@@ -324,7 +368,8 @@ def objective(model, recipe: Recipe, params: Dict, teacher: Optional[Dict],
   `attribute_loss_fn(student_output)` gives the attribute loss on the whole image (a backbone
   output dict), needed when recipe.attributes > 0."""
   r_views, r_mask = jax.random.split(rng)
-  global_views, teacher_views, local_views = views(images, r_views, recipe)
+  seen = views(images, r_views, recipe)
+  global_views, teacher_views = seen["global"], seen["teacher"]
   batch = images.shape[0]
   global_flat = global_views.reshape((-1,) + global_views.shape[2:])
   num_patches = (images.shape[1] // model.config.patch_size) ** 2
@@ -340,12 +385,14 @@ def objective(model, recipe: Recipe, params: Dict, teacher: Optional[Dict],
   if recipe.distills:
     teacher_out = backbone(teacher["backbone"],
                            teacher_views.reshape((-1,) + teacher_views.shape[2:]))
+  local_out = None
+  if "local" in seen and (recipe.dino > 0 or recipe.patch_views == "cross"):
+    local_out = backbone(params["backbone"],
+                         seen["local"].reshape((-1,) + seen["local"].shape[2:]))
   if recipe.dino > 0:
     cls = [student["prefix_tokens"][:, 0].reshape(2, batch, -1)]
-    if local_views is not None:
-      local_flat = local_views.reshape((-1,) + local_views.shape[2:])
-      cls.append(backbone(params["backbone"], local_flat)["prefix_tokens"][:, 0]
-                 .reshape(recipe.local_crops, batch, -1))
+    if local_out is not None:
+      cls.append(local_out["prefix_tokens"][:, 0].reshape(recipe.local_crops, batch, -1))
     head = projection["dino_head"]
     student_scores = head.apply({"params": params["dino_head"]}, jnp.concatenate(cls, 0))
     teacher_scores = head.apply({"params": teacher["dino_head"]},
@@ -361,12 +408,18 @@ def objective(model, recipe: Recipe, params: Dict, teacher: Optional[Dict],
     teacher_scores = head.apply({"params": teacher["ibot_head"]}, teacher_out["patch_tokens"])
     temperature = teacher_temperature(recipe, step, total_steps)
     probs = teacher_distribution(teacher_scores, center["ibot_head"], temperature)
-    # Each masked view counts once whatever its number of masked patches (DINOv2's weighting).
-    # The weights of a view sum to 1, so the normalisation is by the views that count.
-    counted = token_mask if recipe.patch_loss == "masked" else jnp.ones_like(token_mask)
-    weights = counted / jnp.maximum(jnp.sum(counted, 1, keepdims=True), 1)
-    terms["ibot"] = distillation_loss(student_scores, probs, recipe.student_temperature,
-                                      weights)
+    if recipe.patch_views == "same":
+      # Each masked view counts once whatever its number of masked patches (DINOv2's
+      # weighting): a view's weights sum to 1, so the normalisation is by the views that count.
+      counted = token_mask if recipe.patch_loss == "masked" else jnp.ones_like(token_mask)
+      weights = counted / jnp.maximum(jnp.sum(counted, 1, keepdims=True), 1)
+      terms["ibot"] = distillation_loss(student_scores, probs, recipe.student_temperature,
+                                        weights)
+    else:
+      terms["ibot"] = _cross_view_patch_loss(
+          recipe, student_scores, probs, seen, batch, model.config.patch_size,
+          None if local_out is None else head.apply({"params": params["ibot_head"]},
+                                                    local_out["patch_tokens"]))
     aux["teacher_scores"]["ibot_head"] = teacher_scores
     aux.update({f"ibot/teacher_{k}": v for k, v in statistics_of(probs).items()})
   if recipe.koleo > 0:
@@ -382,6 +435,35 @@ def objective(model, recipe: Recipe, params: Dict, teacher: Optional[Dict],
   loss = sum(getattr(recipe, name) * value for name, value in terms.items())
   aux.update({f"loss/{name}": value for name, value in terms.items()})
   return loss, aux
+
+
+def _cross_view_patch_loss(recipe: Recipe, global_scores: jnp.ndarray,
+                           teacher_probs: jnp.ndarray, seen: Dict[str, jnp.ndarray], batch: int,
+                           patch: int, local_scores: Optional[jnp.ndarray]) -> jnp.ndarray:
+  """Every student view's patch scores against the other global view's teacher distribution at
+  the same image point, over the points both views see; averaged over the view pairs.
+  global_scores [2B, N, P], teacher_probs [2B, N, P], local_scores [L B, n, P] or None."""
+  grid = seen["global"].shape[2] // patch
+  teacher_probs = teacher_probs.reshape((2, batch) + teacher_probs.shape[1:])
+  students = [(global_scores.reshape((2, batch) + global_scores.shape[1:]), seen["global_boxes"],
+               grid, True)]
+  if local_scores is not None:
+    students.append((local_scores.reshape((recipe.local_crops, batch) + local_scores.shape[1:]),
+                     seen["local_boxes"], seen["local"].shape[2] // patch, False))
+  total, pairs = 0.0, 0
+  for scores, boxes, student_grid, is_global in students:
+    for v in range(scores.shape[0]):
+      for t in range(2):
+        if is_global and v == t:
+          continue
+        index, inside = corresponding_tokens(boxes[v], student_grid, seen["global_boxes"][t],
+                                             grid)
+        target = jnp.take_along_axis(teacher_probs[t], index[..., None], axis=1)
+        weights = inside / jnp.maximum(jnp.sum(inside, 1, keepdims=True), 1)
+        total += distillation_loss(scores[v], target, recipe.student_temperature,
+                                   weights.astype(scores.dtype))
+        pairs += 1
+  return total / pairs
 
 
 def updated_centers(center: Dict[str, jnp.ndarray], teacher_scores: Dict[str, jnp.ndarray],
