@@ -335,3 +335,28 @@ def test_a_warm_up_stage_comes_first_and_is_in_the_recipe():
   del plain.backbone_pretraining["warmup_steps"]
   assert stand_in.stand_in_recipe(plain, plain.world) != record["recipe"]
   assert trained.heads["parts"]["q"].shape == (vit_config.width, 5)
+
+
+@pytest.mark.slow
+def test_the_self_supervised_stand_in_is_its_own_recipe_and_is_measured_without_heads(tmp_path):
+  config = config_lib.load_sibling_config(CONFIG_FILE, "demo",
+                                          "tiny,stand_in_objective=self_supervised")
+  config.backbone_pretraining.steps = 2
+  recipe = stand_in.stand_in_recipe(config, config.world)
+  assert recipe["pretraining"]["objective"] == "self_supervised"
+  assert recipe["pretraining"]["self_supervised"]["brightness"] > 0
+  supervised = config_lib.load_sibling_config(CONFIG_FILE, "demo", "tiny")
+  # The supervised recipe's record is as it was before the objective existed (shipped files
+  # made then keep matching it).
+  assert "objective" not in stand_in.stand_in_recipe(supervised, supervised.world)["pretraining"]
+  assert "stand_in_objective=self_supervised" in stand_in.stand_in_command(config, config.world)
+  vit_config, trained, record = stand_in.pretrain_stand_in(config, config.world,
+                                                           str(tmp_path / "state"))
+  assert trained.heads == {} and len(trained.loss_history) == 2
+  quality = stand_in.stand_in_quality(config, config.world, vit_config, trained.params,
+                                      trained.heads)
+  assert "cls/mAP" not in quality
+  assert 0.0 < quality["cls_probe/chance"] < 1.0 and "kmeans_fg/NMI/block2" in quality
+  with pytest.raises(ValueError, match="world v1 has no self-supervised stand-in"):
+    config_lib.load_sibling_config(CONFIG_FILE, "demo", "tiny,world=v1,"
+                                   "stand_in_objective=self_supervised")

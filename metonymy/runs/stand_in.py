@@ -42,6 +42,8 @@ def stand_in_command(config, world) -> str:
   """The command that pretrains this stand-in anew (mode "stand_in")."""
   arg = "stand_in" + (f",world={config.world_name}" if config.get("world_name", "v1") != "v1"
                       else "")
+  if config.backbone_pretraining.get("objective", "attributes") != "attributes":
+    arg += f",stand_in_objective={config.backbone_pretraining.objective}"
   return (f"python -m metonymy.main --config=configs/demo.py:{arg} "
           f"--config.world.seed={int(world.seed)} --workdir=DIR")
 
@@ -150,7 +152,9 @@ def stand_in_quality(config, world, vit_config, params, heads) -> Dict:
   parts and the attributes (`pretraining.part_legibility`: k-means per block, the position-only
   k-means, the patch-part probe, the CLS attribute probe)."""
   data_cfg = subjobs.with_world(config.benchmark, world).data
-  source, _, _ = benchmark.open_split(data_cfg, data_cfg.val, 0)
+  # The world's own val split, whatever the benchmark's probes use it for (`split=val` of the
+  # Table-3 job scores the probes on it and leaves benchmark.data.val empty).
+  source, _, _ = benchmark.open_split(data_cfg, "val", 0)
   model = vit.VisionTransformer(vit_config)
   transforms = benchmark.eval_transforms(vit_config, data_cfg)
   # A self-supervised stand-in has no attribute heads; the CLS probe measures it instead.
