@@ -19,6 +19,7 @@ from typing import Dict, Optional
 import ml_collections
 
 from metonymy.models import stage2_options  # No JAX: Stage 2's option defaults.
+from metonymy.training import self_supervised_options  # No JAX either.
 
 
 def parse_arg(arg: str = "", **defaults) -> ml_collections.ConfigDict:
@@ -233,8 +234,9 @@ def backbone_pretraining(steps: int = 0, *, batch_size: int = 32, learning_rate:
   (training/pretraining.py). `objective` "attributes": supervised, a CLS head and an attention
   read-out per part; `loss` "group_softmax" (softmax over one-hot attribute groups) or "bce";
   `augment` "flip" or "affine" (flips plus random similarities, pretraining.AUGMENTATIONS).
-  "self_supervised": DINOv2's objectives, with `self_supervised` the options of
-  training/self_supervised.Recipe that differ from its defaults (an unknown one is refused).
+  "self_supervised": DINOv2's objectives; the block `self_supervised` holds every option of
+  training/self_supervised_options.Recipe, its defaults updated by `self_supervised` (an
+  unknown option is refused).
   steps = 0: the random weights as they are. `evaluate_every` > 0: the stand-in's quality on
   `val` every that many steps of its main stage (record key `quality_curve`); not part of the
   recipe, since it does not change the weights. `checkpoint_every`: the stand-in job (demo mode
@@ -246,7 +248,9 @@ def backbone_pretraining(steps: int = 0, *, batch_size: int = 32, learning_rate:
                                     "evaluate_every": evaluate_every,
                                     "checkpoint_every": checkpoint_every,
                                     "objective": objective,
-                                    "self_supervised": dict(self_supervised or {})})
+                                    "self_supervised": self_supervised_options.as_config(
+                                        self_supervised) if objective == "self_supervised"
+                                    else {}})
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,0 +1,98 @@
+"""The self-supervised pretraining's options (training/self_supervised.py `Recipe`): their values,
+defaults and checks, written once. No JAX here: config_lib imports this, so a config's
+`backbone_pretraining.self_supervised` block holds every option with its default, and a
+command-line override of one is checked like any other key.
+"""
+
+import dataclasses
+from typing import Tuple
+
+OBJECTIVES = ("dino", "ibot", "koleo", "pixels", "attributes")
+PIXEL_TARGETS = ("image", "patch")
+PATCH_LOSSES = ("masked", "all")
+PATCH_VIEWS = ("same", "cross")
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  """The weights of the objectives (0 switches one off) and their hyper-parameters."""
+  dino: float = 1.0
+  ibot: float = 1.0
+  koleo: float = 0.1
+  pixels: float = 0.0
+  attributes: float = 0.0
+  pixel_target: str = "image"
+  prototypes: int = 256
+  head_hidden: int = 128
+  head_bottleneck: int = 64
+  global_scale: Tuple[float, float] = (0.4, 1.0)
+  # Each view's brightness moves by one offset ~ U(-b, b) (normalised units) on every pixel and
+  # channel: the world's own per-image lighting (+-20 of 255 on every channel, ~0.35 here), which
+  # keeps the differences between a part's tone and another's (docs/experiments.md).
+  brightness: float = 0.0
+  # The teacher sees each global crop under a lighting of its own (same geometry, another
+  # brightness offset): its patch targets then ask the student's token for what lighting does
+  # not change. False: the student's view, as DINOv2.
+  relight_teacher: bool = False
+  # Which student patch tokens predict the teacher's token at their place: "masked" (iBOT), or
+  # "all" (every token of the global views; the unmasked ones predict it across lighting).
+  patch_loss: str = "masked"
+  # Where the teacher's patch targets come from: "same", the student's own view at the same
+  # token (iBOT); "cross", the other global view at the same point of the image, for every token
+  # of every student view, global and local (a dense DINO: a token seen with less or other
+  # context must say what the teacher says there; the crops' geometry gives the pairs).
+  patch_views: str = "same"
+  local_crops: int = 4
+  local_size: int = 32
+  local_scale: Tuple[float, float] = (0.1, 0.4)
+  mask_probability: float = 0.5
+  mask_ratio: Tuple[float, float] = (0.1, 0.5)
+  student_temperature: float = 0.1
+  teacher_temperature: Tuple[float, float] = (0.04, 0.07)
+  teacher_temperature_warmup: float = 0.3  # share of the steps over which it rises
+  teacher_momentum: Tuple[float, float] = (0.992, 1.0)  # cosine from the first to the second
+  center_momentum: float = 0.9
+
+  def __post_init__(self):
+    if self.patch_views not in PATCH_VIEWS:
+      raise ValueError(f"patch_views must be one of {PATCH_VIEWS}, got {self.patch_views!r}")
+    if self.patch_loss not in PATCH_LOSSES:
+      raise ValueError(f"patch_loss must be one of {PATCH_LOSSES}, got {self.patch_loss!r}")
+    if self.pixel_target not in PIXEL_TARGETS:
+      raise ValueError(f"pixel_target must be one of {PIXEL_TARGETS}, got {self.pixel_target!r}")
+    if all(getattr(self, name) == 0 for name in OBJECTIVES):
+      raise ValueError(f"every objective weight ({', '.join(OBJECTIVES)}) is 0: nothing to train")
+    for name in ("global_scale", "local_scale", "mask_ratio"):
+      low, high = getattr(self, name)
+      if not 0.0 < low <= high <= 1.0:
+        raise ValueError(f"{name} must be 0 < low <= high <= 1, got {(low, high)}")
+
+  @property
+  def distills(self) -> bool:
+    """Whether a teacher is needed (DINO or iBOT)."""
+    return self.dino > 0 or self.ibot > 0
+
+  @property
+  def masks(self) -> bool:
+    return self.ibot > 0 or self.pixels > 0
+
+  @classmethod
+  def from_dict(cls, options) -> "Recipe":
+    options = dict(options)
+    unknown = sorted(set(options) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+      raise ValueError(f"unknown self-supervised option(s) {unknown}; known: "
+                       f"{sorted(f.name for f in dataclasses.fields(cls))}")
+    for name in ("global_scale", "local_scale", "mask_ratio", "teacher_temperature",
+                 "teacher_momentum"):
+      if name in options:
+        options[name] = tuple(float(v) for v in options[name])
+    return cls(**options)
+
+
+def as_config(overrides=None) -> dict:
+  """Every option of Recipe as a plain dict (tuples as lists), the defaults updated by
+  `overrides`, checked: a config's `self_supervised` block."""
+  recipe = Recipe.from_dict(dict(overrides or {}))
+  return {k: list(v) if isinstance(v, tuple) else v
+          for k, v in dataclasses.asdict(recipe).items()}
