@@ -264,9 +264,14 @@ PROTOTYPE_INIT = {"prototype_init": "uniform", "prototype_init_images": 256}
 
 def stage1_model(num_parts: int, temperature: float = 1.0) -> ml_collections.ConfigDict:
   """Stage 1 (models/stage1.py): K foreground parts + background, Gumbel-softmax temperature,
-  the prototypes' start (PROTOTYPE_INIT)."""
+  the prototypes' start (PROTOTYPE_INIT), how the shared LayerNorm takes its statistics
+  (`embedding_norm`: "per_part", or "joint" as PDiscoFormer; stage1.EMBEDDING_NORMS quotes the
+  paper's sentence) and whole-part dropout before the attribute head (`part_dropout`;
+  PDiscoFormer's 0.3, the paper silent). Their defaults are the runs recorded so far."""
   return ml_collections.ConfigDict(dict({"name": "stage1", "num_parts": num_parts,
-                                         "temperature": temperature}, **PROTOTYPE_INIT))
+                                         "temperature": temperature,
+                                         "embedding_norm": "per_part", "part_dropout": 0.0},
+                                        **PROTOTYPE_INIT))
 
 
 def part_losses(orthogonality: str = "decorrelated") -> ml_collections.ConfigDict:

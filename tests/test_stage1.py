@@ -143,3 +143,42 @@ def test_both_models_keep_the_part_model_contract():
     init = apply = param_groups = staticmethod(lambda *a, **k: None)
 
   assert not isinstance(NoMaps(), part_model.PartModel)
+
+
+def test_joint_statistics_keep_a_part_s_area_and_per_part_statistics_erase_it():
+  """v^k = (1/hw) sum A_k z is its area times the part's mean feature: under joint statistics
+  (PDiscoFormer's LayerNorm([D, K+1])) a part four times larger comes out four times larger;
+  standardised per part, a speck is as large as a whole part."""
+  from metonymy.models import stage1 as stage1_lib
+  rng = np.random.default_rng(0)
+  directions = rng.normal(size=(3, 16))
+  directions -= directions.mean(-1, keepdims=True)
+  directions /= np.linalg.norm(directions, axis=-1, keepdims=True)
+  areas = np.array([0.05, 0.2, 0.75])
+  # Features of norm 30 (a ViT's), so that the epsilon is negligible against every variance.
+  embeddings = jnp.asarray((30.0 * areas[:, None] * directions)[None], jnp.float32)  # [1, 3, 16]
+  joint = np.linalg.norm(stage1_lib.standardize_part_embeddings(embeddings, "joint")[0], axis=-1)
+  per_part = np.linalg.norm(stage1_lib.standardize_part_embeddings(embeddings, "per_part")[0],
+                            axis=-1)
+  np.testing.assert_allclose(joint / joint[-1], areas / areas[-1], rtol=1e-3)
+  np.testing.assert_allclose(per_part, per_part[0], rtol=1e-3)
+
+
+def test_stage1_head_options_joint_norm_and_part_dropout():
+  from metonymy.models import stage1 as stage1_lib
+  features = jax.random.normal(jax.random.PRNGKey(0), (2, 4, 4, 8))
+  head = stage1_lib.Stage1Head(num_parts=3, num_attributes=5, embedding_norm="joint",
+                               part_dropout=0.5)
+  params = head.init(jax.random.PRNGKey(1), features, train=False)["params"]
+  assert params["norm"]["scale"].shape == (4, 8)  # an affine per part and channel
+  plain = head.apply({"params": params}, features, train=False)
+  rngs = {"gumbel": jax.random.PRNGKey(2), "dropout": jax.random.PRNGKey(3)}
+  dropped = head.apply({"params": params}, features, train=True, rngs=rngs)
+  # A dropped part scores the head's bias alone on every attribute.
+  bias = np.asarray(params["head"]["bias"])
+  is_bias = np.all(np.isclose(np.asarray(dropped["part_scores"]), bias[None, :, None]), axis=1)
+  assert is_bias.any() and not is_bias.all()
+  assert not np.isclose(np.asarray(plain["part_scores"]), bias[None, :, None]).all(axis=1).any()
+  with pytest.raises(ValueError, match="embedding_norm must be one of"):
+    stage1_lib.Stage1Head(num_parts=3, num_attributes=5, embedding_norm="batch").init(
+        jax.random.PRNGKey(1), features, train=False)

@@ -207,6 +207,12 @@ MUTANTS: Sequence[Mutant] = (
              "                           token_mask=token_mask, mask_token=params.get(\"mask_token\"))"),),
            ("tests/test_self_supervised.py::test_the_ibot_target_is_the_teacher_s_unmasked_view",),
            "the teacher's iBOT targets come from the masked view"),
+    Mutant("part_norm_axes_swapped", "metonymy/models/stage1.py",
+           (('  axes = (1, 2) if mode == "joint" else (2,)',
+             '  axes = (2,) if mode == "joint" else (1, 2)'),),
+           ("tests/test_stage1.py::"
+            "test_joint_statistics_keep_a_part_s_area_and_per_part_statistics_erase_it",),
+           "Stage 1's joint part-embedding statistics taken per part (and the other way round)"),
     Mutant("dino_own_view", "metonymy/training/self_supervised.py",
            (("      if s != t:\n", "      if True:\n"),),
            ("tests/test_self_supervised.py::"

@@ -5,7 +5,7 @@
   A = softmax((s + g) / tau) over k                  g ~ Gumbel in training only; eval is
                                                      deterministic (PDiscoFormer keeps the noise)
   v^k = (1/hw) sum_ij A_k(ij) z_ij                   [B, K+1, D]   (eq. 3)
-  v_m^k = LN_shared(v^k)                             one LayerNorm, the same for every part
+  v_m^k = LN_shared(v^k)                             one LayerNorm for every part (EMBEDDING_NORMS)
   S[:, k] = W v_m^k + b                              [B, A, K]     foreground parts only (eq. 4)
   y_hat_c = sum_k softmax_k(S_c)_k S_ck              [B, A]        (eq. 5)
 
@@ -27,11 +27,45 @@ import jax.numpy as jnp
 from metonymy.models import vit
 
 
+# How the shared LayerNorm takes its statistics over the pooled part embeddings v [B, K+1, D].
+# The paper: "a single shared Layer Normalization across all part embeddings ... forces the
+# distinctiveness to emerge from the features themselves rather than the normalization
+# statistics". v^k = (1/hw) sum A_k z shrinks with the part's area, so the reading matters:
+#   "joint"     one mean and variance over all parts and channels together, an affine per part
+#               and channel (PDiscoFormer's LayerNorm([D, K+1])): a small part stays small;
+#   "per_part"  each part's vector standardised over D on its own, one affine shared by all
+#               parts (the project's earlier reading): a speck is rescaled to a whole part's size.
+EMBEDDING_NORMS = ("joint", "per_part")
+
+
+def standardize_part_embeddings(embeddings: jnp.ndarray, mode: str,
+                                eps: float = 1e-5) -> jnp.ndarray:
+  """embeddings [B, K+1, D] -> zero mean, unit variance, over [K+1, D] jointly ("joint") or over
+  D per part ("per_part"); two-pass variance as PyTorch's LayerNorm."""
+  axes = (1, 2) if mode == "joint" else (2,)
+  mean = jnp.mean(embeddings, axes, keepdims=True)
+  variance = jnp.mean(jnp.square(embeddings - mean), axes, keepdims=True)
+  return (embeddings - mean) * jax.lax.rsqrt(variance + eps)
+
+
 def route(scores: jnp.ndarray) -> Tuple[jnp.ndarray, jnp.ndarray]:
   """Softmax routing over parts (eq. 5): scores S [B, A, K] -> (W [B, A, K], y_hat [B, A]),
   y_hat_c = sum_k softmax_k(S_c)_k S_ck. Stage 2 routes its part scores the same way."""
   routing = jax.nn.softmax(scores, axis=-1)
   return routing, jnp.sum(routing * scores, axis=-1)
+
+
+class JointLayerNorm(nn.Module):
+  """LayerNorm over a [B, K+1, D] tensor's last two axes jointly, with an affine per part and
+  channel (torch.nn.LayerNorm([D, K+1]) on PDiscoFormer's [B, D, K+1] layout)."""
+  eps: float = 1e-5
+
+  @nn.compact
+  def __call__(self, embeddings: jnp.ndarray) -> jnp.ndarray:
+    shape = embeddings.shape[1:]
+    scale = self.param("scale", nn.initializers.ones, shape)
+    bias = self.param("bias", nn.initializers.zeros, shape)
+    return standardize_part_embeddings(embeddings, "joint", self.eps) * scale + bias
 
 
 class Stage1Head(nn.Module):
@@ -42,11 +76,18 @@ class Stage1Head(nn.Module):
     num_attributes: A.
     temperature: Gumbel-softmax temperature tau.
     norm_eps: epsilon of the shared LayerNorm (PyTorch's default; the paper's code is PyTorch).
+    embedding_norm: EMBEDDING_NORMS; "per_part" keeps the parameter layout of runs trained
+      before the option (`norm`: scale and bias [D]); "joint" has them per part ([K+1, D]).
+    part_dropout: the probability of dropping a whole foreground part embedding before the
+      attribute head in training (the survivors scaled by 1/(1-p)). The paper is silent;
+      PDiscoFormer drops parts with p = 0.3 (its released CUB configuration too).
   """
   num_parts: int
   num_attributes: int
   temperature: float = 1.0
   norm_eps: float = 1e-5
+  embedding_norm: str = "per_part"
+  part_dropout: float = 0.0
 
   @nn.compact
   def __call__(self, features: jnp.ndarray, *, train: bool) -> Dict[str, Any]:
@@ -72,10 +113,20 @@ class Stage1Head(nn.Module):
     attention = jax.nn.softmax(logits_noisy / self.temperature, axis=-1)      # [B, N, K+1]
     embeddings = jnp.einsum("bnk,bnd->bkd", attention, z,
                             precision=highest) / (height * width)             # eq. 3
-    # One LayerNorm shared by all parts: it normalizes each part vector over D with the same
-    # affine parameters (not PDiscoFormer's joint [D, K+1] statistics).
-    modulated = nn.LayerNorm(epsilon=self.norm_eps, use_fast_variance=False, name="norm")(embeddings)
-    scores = nn.Dense(self.num_attributes, name="head")(modulated[:, :-1])    # [B, K, A]
+    if self.embedding_norm not in EMBEDDING_NORMS:
+      raise ValueError(f"embedding_norm must be one of {EMBEDDING_NORMS}, got "
+                       f"{self.embedding_norm!r}")
+    if self.embedding_norm == "per_part":
+      modulated = nn.LayerNorm(epsilon=self.norm_eps, use_fast_variance=False,
+                               name="norm")(embeddings)
+    else:
+      modulated = JointLayerNorm(self.norm_eps, name="norm")(embeddings)
+    foreground = modulated[:, :-1]
+    if train and self.part_dropout > 0:
+      keep = jax.random.bernoulli(self.make_rng("dropout"), 1.0 - self.part_dropout,
+                                  foreground.shape[:2] + (1,))
+      foreground = jnp.where(keep, foreground / (1.0 - self.part_dropout), 0.0)
+    scores = nn.Dense(self.num_attributes, name="head")(foreground)           # [B, K, A]
     scores = jnp.swapaxes(scores, 1, 2)                                        # [B, A, K]
     routing, predicted = route(scores)
     to_maps = lambda x: einops.rearrange(x, "b (h w) k -> b k h w", h=height, w=width)
@@ -136,7 +187,7 @@ class Stage1:
     if train and rng is None:
       raise ValueError("Stage1.apply(train=True) needs rng for the Gumbel noise.")
     z = self.features(frozen, images)
-    rngs = {"gumbel": rng} if train else {}
+    rngs = {"gumbel": rng, "dropout": jax.random.fold_in(rng, 1)} if train else {}
     return self.head.apply({"params": params}, z, train=train, rngs=rngs)
 
   def part_maps(self, params, frozen, images, *, train: bool, rng=None) -> jnp.ndarray:
@@ -152,5 +203,7 @@ class Stage1:
 def build(config, backbone: vit.VisionTransformer, num_attributes: int) -> Stage1:
   """Stage 1 on `backbone` (metonymy/loading.py builds it) for a config's `model` block."""
   head = Stage1Head(num_parts=config.model.num_parts, num_attributes=num_attributes,
-                    temperature=config.model.temperature)
+                    temperature=config.model.temperature,
+                    embedding_norm=config.model.get("embedding_norm", "per_part"),
+                    part_dropout=float(config.model.get("part_dropout", 0.0)))
   return Stage1(backbone, head)
