@@ -178,3 +178,20 @@ def test_evaluate_scores_keypoints_by_their_group_in_both_nmi_variants():
     assert grouped[key] == pytest.approx(100.0), key
   assert grouped["parts/num_keypoints"] == 4 * n
   assert run(None)["parts/NMI"] < 90.0
+
+
+def test_a_background_off_the_truth_s_share_is_reported_and_warned_of():
+  """World v3: the truth's background is ~80% of the patches; a background channel on 96% is
+  warned of as 16 points off the truth, whatever the largest-share rule says."""
+  true = np.array([[0, 0, 0, 10], [0, 0, 0, 10], [0, 0, 0, 0], [1, 3, 0, 76]], np.float64)
+  truth_background = true[-1].sum() / true.sum()
+  scalars = evaluate.coverage_scalars(true)
+  assert scalars["parts/background_share"] == pytest.approx(0.96)
+  assert scalars["parts/background_share_true"] == pytest.approx(truth_background)
+  assert scalars["parts/background_gap"] == pytest.approx(0.96 - truth_background)
+  warnings = evaluate.collapse_warnings(dict(scalars, **_scalars([10, 10, 10, 70])))
+  assert any(w.startswith("Background off the truth: the background channel takes 96.0%")
+             for w in warnings), warnings
+  near = np.array([[5, 0, 0, 5], [0, 5, 0, 5], [0, 0, 0, 0], [0, 0, 0, 80]], np.float64)
+  assert not any("Background off" in w for w in evaluate.collapse_warnings(
+      dict(evaluate.coverage_scalars(near), **_scalars([10, 10, 10, 70]))))

@@ -216,6 +216,8 @@ def _part_discovery(scalars: Dict[str, float]) -> Dict:
                   if k.startswith("part_share/") and k.split("/")[1].isdigit())
   out["part_share"] = [v for _, v in shares]
   out["max_part_share"] = _pick(scalars, "part_share/max")
+  out["background_share"] = _pick(scalars, "parts/background_share")
+  out["background_share_true"] = _pick(scalars, "parts/background_share_true")
   out["empty_parts"] = _pick(scalars, "part_share/num_empty")
   out["collapsed"] = bool(scalars.get("collapsed", 0.0))
   return out

@@ -28,13 +28,18 @@ def results_tables(results: Dict) -> List[str]:
              "ensemble": "ensemble (sum of logits)"}
     for i, h in enumerate(heads):
       parts = ([text.fmt(r[k], 1) for k in ("NMI", "ARI", "NMI_fg", "ARI_fg")]
-               + [text.fmt(r.get("max_part_share"), 2)] if i == 0 else ["", "", "", "", ""])
+               + [text.fmt(r.get("max_part_share"), 2),
+                  f"{text.fmt(r.get('background_share'), 2)} "
+                  f"({text.fmt(r.get('background_share_true'), 2)})"]
+               if i == 0 else ["", "", "", "", "", ""])
       rows.append([name, label[h], text.fmt(r["mAP"].get(h))] + parts)
   chance = pd.get("chance_mAP")
-  rows.append(["constant predictor", "(chance level)", text.fmt(chance), "0", "0", "0", "0", ""])
+  rows.append(["constant predictor", "(chance level)", text.fmt(chance), "0", "0", "0", "0", "",
+               ""])
   rows += position_rows(pd)
   discovery = probe_report.markdown_table(
-      ["Model", "Attribute head", "mAP", "NMI", "ARI", "NMI fg", "ARI fg", "largest part share"],
+      ["Model", "Attribute head", "mAP", "NMI", "ARI", "NMI fg", "ARI fg", "largest part share",
+       "background share (truth)"],
       rows)
   quality = (results["backbone"].get("quality_val") or {})
   rows = []
@@ -73,7 +78,7 @@ def position_rows(part_discovery: Dict) -> List[List[str]]:
     shown = [("", p) for _, p in measured[:1]]
   return [["chance: keypoint position alone" + suffix,
            "(k-means on the training keypoints; no image)", "",
-           *(text.fmt(p[k], 1) for k in ("NMI", "ARI", "NMI_fg", "ARI_fg")), ""]
+           *(text.fmt(p[k], 1) for k in ("NMI", "ARI", "NMI_fg", "ARI_fg")), "", ""]
           for suffix, p in shown]
 
 

@@ -35,7 +35,8 @@ NAMES = {"single": ("Single-stage", "–"), "hard": ("Two-stage", "Hard masks"),
 # Table 3's columns, then Table S6's (attribute mAP of each head), then the collapse watch.
 COLUMNS = (("ARI", "ARI", 1), ("NMI", "NMI", 1), ("PS", "PS", 3), ("MPPO", "MPPO", 3),
            ("mAP_stage1", "mAP Stage 1", 3), ("mAP_stage2", "mAP Stage 2", 3),
-           ("mAP_ensemble", "mAP ensemble", 3), ("max_part_share", "largest part share", 2))
+           ("mAP_ensemble", "mAP ensemble", 3), ("max_part_share", "largest part share", 2),
+           ("background_share", "background share", 2))
 LABELS = {"single": "single-stage", "hard": "hard", "ste": "STE", "soft": "soft",
           "hard_none": "hard, no gradient"}
 PAIRED = (("NMI", 1), ("ARI", 1), ("NMI_fg", 1), ("ARI_fg", 1), ("PS", 3), ("MPPO", 3),
@@ -70,7 +71,10 @@ def row_line(row: Dict) -> str:
   return (f"[table3] {row['variant']} seed {row['seed']}: NMI {fmt(row['NMI'], 1)}, ARI "
           f"{fmt(row['ARI'], 1)}, PS {fmt(row['PS'], 3)}, MPPO {fmt(row['MPPO'], 3)}, mAP stage 1 "
           f"{fmt(row['mAP_stage1'], 3)} / stage 2 {fmt(row['mAP_stage2'], 3)}, largest part share "
-          f"{fmt(row['max_part_share'], 2)}, coverage {fmt(row.get('coverage'), 2)} (area ratio "
+          f"{fmt(row['max_part_share'], 2)}, background share "
+          f"{fmt(row.get('background_share'), 2)} (truth "
+          f"{fmt(row.get('background_share_true'), 2)}), coverage {fmt(row.get('coverage'), 2)} "
+          f"(area ratio "
           f"{fmt(row.get('area_ratio'), 2)}), position baseline NMI "
           f"{fmt(row.get('position_NMI'), 1)}{' COLLAPSED' if row['collapsed'] else ''}")
 
@@ -81,8 +85,10 @@ def table3(results: Dict) -> str:
   rows = []
   for variant, cells in results["summary"].items():
     setting, method = NAMES.get(variant, (variant, ""))
-    rows.append([setting, method] + [_mean_sd(cells[key], d) for key, _, d in COLUMNS])
-  chance = ["constant predictor", "(chance level)", "0", "0", "0", "", "", "", "", ""]
+    # A results.json written before a column existed has no cell for it.
+    rows.append([setting, method] + [_mean_sd(cells[key], d) if key in cells else "n/a"
+                                     for key, _, d in COLUMNS])
+  chance = ["constant predictor", "(chance level)", "0", "0", "0"] + [""] * (len(COLUMNS) - 3)
   chance[COLUMNS.index(("mAP_stage1", "mAP Stage 1", 3)) + 2] = text.fmt(results["chance_mAP"], 3)
   rows.append(chance)
   position = results.get("position_baseline")
@@ -192,10 +198,12 @@ def mechanism_table(results: Dict) -> str:
 
 def seed_table(results: Dict) -> str:
   keys = ("variant", "seed", "world_seed", "NMI", "ARI", "NMI_fg", "ARI_fg", "PS", "MPPO",
-          "mAP_stage1", "mAP_stage2", "mAP_ensemble", "max_part_share", "coverage",
+          "mAP_stage1", "mAP_stage2", "mAP_ensemble", "max_part_share", "background_share",
+          "background_share_true", "coverage",
           "area_ratio", "position_NMI", "position_ARI", "collapsed")
   digits = {"PS": 3, "MPPO": 3, "mAP_stage1": 3, "mAP_stage2": 3, "mAP_ensemble": 3,
-            "max_part_share": 2, "coverage": 2, "area_ratio": 2}
+            "max_part_share": 2, "background_share": 2, "background_share_true": 2, "coverage": 2,
+            "area_ratio": 2}
   rows = [[str(r[k]) if k in ("variant", "seed", "world_seed", "collapsed")
            else text.fmt(r.get(k), digits.get(k, 1)) for k in keys] for r in results["rows"]]
   return probe_report.markdown_table(list(keys), rows)
@@ -260,6 +268,11 @@ def summary_lines(results: Dict) -> List[str]:
                  + ("the same for every variant of a seed" if position["equal_across_variants"]
                     else "DIFFERS across the variants of a seed: "
                     + "; ".join(position["unequal"])))
+  truth = [r.get("background_share_true") for r in results["rows"]
+           if r.get("background_share_true") is not None]
+  if truth:
+    lines.append(f"background channel: the true background is {text.fmt(np.mean(truth), 2)} of "
+                 "the patches (the `background share` column is each variant's channel)")
   collapsed = [f"{r['variant']} seed {r['seed']}" for r in results["rows"] if r["collapsed"]]
   lines.append("collapse watch: " + (", ".join(collapsed) + " collapsed (one part above 90% of "
                                      "the patches or a part empty)" if collapsed else

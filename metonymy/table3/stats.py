@@ -8,7 +8,7 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 METRICS = ("NMI", "ARI", "NMI_fg", "ARI_fg", "PS", "MPPO", "mAP_stage1", "mAP_stage2",
-           "mAP_ensemble", "max_part_share")
+           "mAP_ensemble", "max_part_share", "background_share")
 # The position baseline of each run (the chance row of NMI / ARI): summarised, never paired (it
 # does not depend on the variant).
 POSITION_METRICS = ("position_NMI", "position_ARI", "position_NMI_fg", "position_ARI_fg")

@@ -20,7 +20,7 @@ from metonymy.workdir import layout
 TWO_STAGE = {"hard": ("hard", "selected"), "ste": ("ste", "selected"), "soft": ("soft", "selected"),
              "hard_none": ("hard", "none")}
 ROW_KEYS = ("variant", "seed", "world_seed", "NMI", "ARI", "NMI_fg", "ARI_fg", "PS", "MPPO",
-            "mAP_stage1", "mAP_stage2", "mAP_ensemble", "max_part_share")
+            "mAP_stage1", "mAP_stage2", "mAP_ensemble", "max_part_share", "background_share")
 
 
 def training_config(config, variant: str) -> ml_collections.ConfigDict:
@@ -122,6 +122,9 @@ def row(variant: str, seed: int, world_seed: int, train_dir: str, probe: Dict) -
       "PS": _value(probe.get(f"ps_{masking}")), "MPPO": _value(probe.get(f"mppo_{masking}")),
       "mAP_stage1": last.get("stage1/mAP"), "mAP_stage2": last.get("stage2/mAP"),
       "mAP_ensemble": last.get("ensemble/mAP"), "max_part_share": last.get("part_share/max"),
+      # The background channel's share of the patches beside the truth's (the collapse watch).
+      "background_share": last.get("parts/background_share"),
+      "background_share_true": last.get("parts/background_share_true"),
       "collapsed": bool(last.get("collapsed", 0.0)),
       "step": last["step"], "start_step": first["step"],
       "mAP_stage2_start": first.get("stage2/mAP") if first["step"] == 0 else None,
