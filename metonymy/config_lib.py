@@ -79,6 +79,14 @@ def check_overrides(argv) -> None:
   # Also the file's own check of its arg (`:runlocl`), as one line instead of absl's FATAL.
   config = load_config(config_file, arg)
   for path in overrides:
+    parts = path.split(".")
+    if "world" in config and len(parts) > 3 and parts[1:3] == ["data", "options"] and (
+        parts[0] != "world"):
+      # The demo and the Table-3 job stamp config.world into every sub-job at run time
+      # (runs/subjobs.with_world): an override here would be silently replaced.
+      key = ".".join(parts[3:])
+      raise ValueError(f"--config.{path} is not read: the world's options have one home, "
+                       f"config.world (pass --config.world.{key}=... instead).")
     node, walked = config, []
     for part in path.split("."):
       if not hasattr(node, "keys") or part not in node:

@@ -43,6 +43,22 @@ def test_an_unknown_override_or_arg_fails_naming_it():
   assert "FATAL" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
 
 
+def test_a_world_option_overridden_in_a_sub_job_is_refused_naming_its_one_home(tmp_path):
+  """The demo and the Table-3 job stamp config.world into every sub-job at run time: an
+  override of a sub-job's copy would be silently replaced, so it is refused before anything is
+  written."""
+  for config in ("configs/demo.py", "configs/synthetic_table3.py:small"):
+    proc = _main(f"--config={config}", "--config.single.data.options.seed=3",
+                 f"--workdir={tmp_path / 'W'}")
+    assert proc.returncode != 0
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert lines == ["error: --config.single.data.options.seed is not read: the world's options "
+                     "have one home, config.world (pass --config.world.seed=... instead)."], lines
+    assert not (tmp_path / "W").exists()
+  proc = _main("--config=configs/demo.py", "--config.world.seed=3", "--print_config")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 @pytest.mark.slow
 def test_a_missing_input_is_one_error_line_and_leaves_the_workdir_untouched(tmp_path):
   """A data root or checkpoint that is not there fails before the workdir is claimed: one
