@@ -12,6 +12,7 @@ Nothing here imports JAX or Flax: a config loads without an accelerator stack.
 """
 
 import copy
+import difflib
 import importlib.util
 import os
 from typing import Dict, Optional
@@ -92,8 +93,10 @@ def check_overrides(argv) -> None:
       if not hasattr(node, "keys") or part not in node:
         known = sorted(node.keys()) if hasattr(node, "keys") else []
         where = ".".join(walked) or "<root>"
+        near = difflib.get_close_matches(part, known, n=3, cutoff=0.6)
+        hint = f" Did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
         raise ValueError(f"Unknown config key {path!r} in --config.{path}: {where} has no key "
-                         f"{part!r}. Keys at {where}: {known}")
+                         f"{part!r}.{hint} Keys at {where}: {known}")
       node, walked = node[part], walked + [part]
 
 

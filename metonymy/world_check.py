@@ -324,6 +324,15 @@ def run(argv=None) -> None:
   (argv: the flags; default sys.argv[1:])."""
   flag_values = _define_flags()
   argv = sys.argv[1:] if argv is None else list(argv)
+  if any(a in ("--help", "-h", "--helpshort") for a in argv):
+    # absl's own --help lists every library's flags and exits 1; these are the command's.
+    print("usage: python -m metonymy.data world-check --config=configs/demo.py[:world=v2] "
+          "[--config.world.seed=N] [flags]\n\n" + (__doc__ or "").strip().split("\n\n")[0]
+          + "\n\nflags:")
+    for name in flag_values:
+      flag = flags.FLAGS[name]
+      print(f"  --{name} (default {flag.default!r}): {flag.help}")
+    sys.exit(0)
   app.run(lambda args: main(args, flag_values), argv=[f"{sys.argv[0]} world-check"] + argv)
 
 

@@ -80,3 +80,36 @@ def test_a_missing_input_is_one_error_line_and_leaves_the_workdir_untouched(tmp_
   proc = _main("--config=configs/probe_cub.py", f"--config.data.root={empty}",
                f"--config.masks.path={tmp_path / 'maps_{split}.npy'}", f"--workdir={workdir}")
   assert proc.returncode != 0 and "error: " in proc.stderr and not workdir.exists()
+
+
+def test_the_command_line_says_what_it_can_run():
+  """--help lists every config with its first docstring line (exit 0); no argument is a usage
+  error (exit 2) with the same list; a mistyped config or key gets the nearest names (exit 2)."""
+  proc = _main("--help")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  configs = sorted(f for f in os.listdir(os.path.join(ROOT, "configs")) if f.endswith(".py"))
+  for name in configs:
+    assert f"configs/{name}" in proc.stdout, name
+  assert "The end-to-end demo on the synthetic parts world" in proc.stdout
+  bare = _main()
+  assert bare.returncode == 2 and "configs/demo.py" in bare.stderr
+  typo = _main("--config=configs/demoo.py", "--workdir=/tmp/unused")
+  assert typo.returncode == 2
+  assert typo.stderr.strip().splitlines() == [
+      "error: no config file configs/demoo.py: did you mean configs/demo.py? `python -m "
+      "metonymy.main --help` lists them all."]
+  key = _main("--config=configs/demo.py", "--config.single.trainer.num_step=3", "--print_config")
+  assert key.returncode == 2 and "Did you mean 'num_steps'" in key.stderr, key.stderr[-2000:]
+
+
+def test_the_data_command_lists_every_subcommand_and_world_check_its_flags():
+  data = subprocess.run([sys.executable, "-m", "metonymy.data", "--help"], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120)
+  assert data.returncode == 0
+  for command in ("check", "world-check", "export-synthetic", "make-fixture"):
+    assert command in data.stdout, command
+  world = subprocess.run([sys.executable, "-m", "metonymy.data", "world-check", "--help"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert world.returncode == 0, world.stderr[-2000:]
+  for flag in ("--config", "--backbone", "--split", "--images", "--output"):
+    assert flag in world.stdout, flag

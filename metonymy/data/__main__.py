@@ -63,6 +63,9 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m metonymy.data")
   sub = parser.add_subparsers(dest="command", required=True)
   check = sub.add_parser("check", help="validate a dataset folder; last stdout line is JSON")
+  # Listed for --help; it parses its own (absl) flags above: `world-check --help` shows them.
+  sub.add_parser("world-check", help="measure whether a synthetic world hosts the claims it "
+                 "tests (--config=configs/demo.py[:world=...])")
   check.add_argument("--dataset", required=True, choices=data.names())
   check.add_argument("--root", default=None, help="dataset folder (ignored for synthetic)")
   check.add_argument("--source", default="",
