@@ -10,6 +10,8 @@ naming the key and the path:
   data.root with data.train_split / eval_split       the dataset's reader opens the split (it
     (training) or data.train / val / test (probe)    names the first missing or malformed file)
   masks.path (masks.source "file" or "stage1")       exists, for every split it names
+  the probe job's backbone                           a checkpoint, unless random weights are
+                                                     asked for (allow_random_backbone)
 
 A path a sub-run records relative to its workdir ("workdir:../backbone", workdir/layout.py) is
 checked where it points from the workdir the run is given. Nothing here writes; opening a split reads its annotation files (the readers do the same again
@@ -48,6 +50,26 @@ def _splits(data_config) -> List[str]:
   return list(dict.fromkeys(n for n in names if n))
 
 
+def _probe_backbone_problems(config) -> List[str]:
+  """The probe job's own refusals of its backbone, made here so that they come before the
+  workdir is claimed: a single backbone without a checkpoint (a suite skips those), and a
+  pretraining asked of a backbone that loads one."""
+  found = []
+  pretraining = config.get("backbone_pretraining")
+  pretrains = pretraining is not None and int(pretraining.get("steps", 0)) > 0
+  if "backbones" not in config and "backbone" in config:
+    if not config.backbone.get("checkpoint") and not config.get("allow_random_backbone"):
+      found.append("config.backbone.checkpoint is empty: the leakage benchmark measures a "
+                   "pretrained backbone; pass --config.backbone.checkpoint=PATH (a converted "
+                   "folder or a PyTorch / safetensors / Hugging Face checkpoint), or "
+                   "--config.allow_random_backbone=True to measure random weights")
+  if pretrains:
+    for key, path in _checkpoints(config):
+      found.append(f"config.backbone_pretraining.steps={pretraining.steps} pretrains "
+                   f"random-init backbones only, but config.{key}={path!r} loads one")
+  return found
+
+
 def problems(config, workdir) -> List[str]:
   """Every missing input of `config` run in `workdir`, one message each (empty: it can start)."""
   files = Workdir(workdir)
@@ -57,6 +79,8 @@ def problems(config, workdir) -> List[str]:
       found.append(f"config.{key}={path!r} does not exist (convert a checkpoint with "
                    f"`python -m metonymy.converters convert --input FILE --output DIR`, or "
                    f"set it to '' for a random-init backbone)")
+  if config.get("job") == "probe":
+    found += _probe_backbone_problems(config)
   data_config = config.get("data")
   if data_config is not None and data_config.get("dataset", "synthetic") != "synthetic":
     root = data_config.get("root", "")

@@ -113,3 +113,19 @@ def test_the_data_command_lists_every_subcommand_and_world_check_its_flags():
   assert world.returncode == 0, world.stderr[-2000:]
   for flag in ("--config", "--backbone", "--split", "--images", "--output"):
     assert flag in world.stdout, flag
+
+
+def test_the_probe_job_refuses_a_missing_backbone_before_writing_anything(tmp_path):
+  """The benchmark's own refusal of a backbone without a checkpoint comes from the preflight:
+  one line, the workdir never created, and the corrected rerun is not taken for another
+  config's run."""
+  from metonymy.data import fixtures
+  root = fixtures.make_cub(tmp_path / "cub").dataset_dir
+  workdir = tmp_path / "W"
+  proc = _main("--config=configs/probe_cub.py", f"--config.data.root={root}",
+               "--config.masks.source=ground_truth", f"--workdir={workdir}")
+  assert proc.returncode != 0
+  errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  assert len(errors) == 1 and "config.backbone.checkpoint is empty" in errors[0], proc.stderr
+  assert "Traceback" not in proc.stderr
+  assert not workdir.exists()
