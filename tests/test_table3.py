@@ -109,6 +109,20 @@ def test_coverage_tables_show_means_over_seeds_and_paired_differences():
   assert report.coverage_tables({"rows": [{"variant": "single"}]}) == ""
 
 
+@pytest.mark.slow
+def test_the_val_route_measures_the_stand_in_on_the_world_s_val_split():
+  """`split=val` empties the probe's val role (val is its score split then); the stand-in's
+  quality still reads the world's own val images (it raised "unknown split ''" before)."""
+  from metonymy import loading
+  from metonymy.runs import stand_in
+  config = config_lib.load_config(CONFIG_FILE, "small,split=val")
+  assert config.benchmark.data.val == ""
+  _, params, vit_config = loading.build_backbone(config.backbone, 0)
+  quality = stand_in.stand_in_quality(config, config.world, vit_config, params, {})
+  assert quality["part_probe/images"] == min(400, dict(config.world.splits)["val"])
+  assert 0.0 <= quality["kmeans_fg/NMI"] <= 100.0
+
+
 def test_configs_load_and_refuse_unknown_args():
   full = config_lib.load_config(CONFIG_FILE)
   assert full.variants == ("single", "hard", "ste", "soft") and len(full.seeds) >= 3
