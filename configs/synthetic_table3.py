@@ -18,17 +18,11 @@ The protocol (paper Appendix A.1) in epochs: EPOCHS passes over the first TRAIN_
 images of the world's train split at batch 16 (50 steps an epoch, 1,500 steps), the paper's
 optimizer with its square-root scaled rates. Scored on `test`; every choice below was made on
 `val` (docs/experiments.md, "Single vs two-stage", has the counterfactual runs behind them):
-  - Stage 2's ViT trains at configs/demo.py's STAGE2_BACKBONE_RATE, 1e-4 at batch 64: the
-    paper's 2e-6 (1e-6 at batch 16) moves the stand-in's ViT by 7e-4 of its norm over 1,000
-    steps, so only Stage 2's LayerNorm and head learn; at 1e-4 it moves by 2e-2 and Stage 2's
-    val mAP rises from 0.632 to 0.649 (priors off, 3 run seeds). `paper_stage2_rate` restores
-    the paper's.
-  - PRIORS = "off": the attribute losses alone. With every part-shaping prior at
-    PDiscoFormer's weight (`priors=paper`, eq. 9 as written) neither arm finds the parts on this
-    world's 12 x 12 patch grid (val NMI 12.3 single-stage, 12.6 STE), so a comparison of part
-    quality has nothing to compare; with the attribute losses alone single-stage finds them
-    (val NMI 35.3 at 1,000 steps). The choice goes by single-stage's val NMI; it does not
-    favour two-stage: on val, without the priors, STE's NMI is below single-stage's (25.0).
+  - Stage 2's ViT trains at configs/demo.py's STAGE2_BACKBONE_RATE, 1e-4 at batch 64: at the
+    paper's 2e-6 only Stage 2's LayerNorm and head learn. `paper_stage2_rate` restores it.
+  - PRIORS = "off": the attribute losses alone. With every part-shaping prior at PDiscoFormer's
+    weight (`priors=paper`) neither arm found the parts on world v1, and on v3 both collapse to
+    the background. The choice went by single-stage's val NMI, not by two-stage's.
 
 arg: `small` (a tiny world, 2 run seeds, seconds of training: the test), `world=v1|v2|v3`
 (configs/demo.py's WORLDS; its WORLD, v3, by default), `paper_stage2_rate`,
