@@ -17,6 +17,7 @@ def _tiny():
   return model, params, config
 
 
+@pytest.mark.slow
 def test_a_masked_patch_s_pixels_never_reach_the_network():
   model, params, config = _tiny()
   images = jax.random.normal(jax.random.PRNGKey(1), (2, 16, 16, 3))
@@ -139,6 +140,7 @@ def test_pixel_targets_keep_or_remove_a_patch_s_tone():
   assert float(ssl.pixel_loss(wrong_elsewhere, tone, half, patch, "image")) == pytest.approx(0.0)
 
 
+@pytest.mark.slow
 def test_the_ibot_target_is_the_teacher_s_unmasked_view():
   """The mask token changes the student's loss but never the teacher's targets."""
   model, params, config = _tiny()
