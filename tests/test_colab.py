@@ -87,10 +87,11 @@ def test_every_link_and_clone_uses_the_one_recorded_repository_url():
   spec.loader.exec_module(tool)
   url = tool.recorded_url()
   prefix = tool.colab_prefix(url)
-  for path in ("README.md", os.path.join("colabs", "README.md")):
+  # colabs/README.md links the notebook; README's front page does not, until the URL is real.
+  for path, required in (("README.md", False), (os.path.join("colabs", "README.md"), True)):
     with open(os.path.join(ROOT, path)) as f:
       links = tool.COLAB_LINK.findall(f.read())
-    assert links and set(links) == {prefix}, (path, links)
+    assert set(links) <= {prefix} and (links or not required), (path, links)
   with open(NOTEBOOK) as f:
     text = "".join("".join(c["source"]) for c in json.load(f)["cells"])
   assert set(tool.COLAB_LINK.findall(text)) == {prefix}

@@ -353,7 +353,7 @@ def test_tiny_demo_writes_report_and_results(tiny_demo_run):
   assert "| ground-truth parts on the patch grid (one-hot) |" in report
   assert "| single-stage maps, last training batch |" not in report
   assert "trained with the attribute losses alone (every prior at weight 0)" in report
-  assert "| k-means on the foreground patch tokens vs the true parts (NMI x100) |" in report
+  assert "| k-means on the last block's foreground tokens vs the true parts (NMI x100) |" in report
   with open(readme_path) as f:
     block = f.read()
   results_end, seeds_begin = (readme_blocks.markers(readme.RESULTS_BLOCK)[1],
