@@ -29,7 +29,9 @@ arg (flags): none for the demo; `tiny`, a smoke run for tests (well under a minu
 stand-in anew and write it where the demo finds it, metonymy/assets/<stand_in_name>.{npz,json}
 (the command that made the shipped files, one per world seed: add --config.world.seed=N; it saves
 its state in DIR/pretraining_state every backbone_pretraining.checkpoint_every steps, and the
-same command resumes a killed run there).
+same command resumes a killed run there); `stand_in_objective=attributes|self_supervised`, the
+stand-in's objective (world v3 only: the supervised one by default; the self-supervised one,
+SELF_SUPERVISED below, has no shipped file yet, so the demo pretrains it, ~50 min on 2 cores).
 """
 
 import ml_collections

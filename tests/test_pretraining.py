@@ -360,3 +360,13 @@ def test_the_self_supervised_stand_in_is_its_own_recipe_and_is_measured_without_
   with pytest.raises(ValueError, match="world v1 has no self-supervised stand-in"):
     config_lib.load_sibling_config(CONFIG_FILE, "demo", "tiny,world=v1,"
                                    "stand_in_objective=self_supervised")
+
+
+def test_a_shipped_stand_in_of_another_recipe_is_named_by_what_differs():
+  supervised = config_lib.load_sibling_config(CONFIG_FILE, "demo", "")
+  ssl = config_lib.load_sibling_config(CONFIG_FILE, "demo", "stand_in_objective=self_supervised")
+  differ = stand_in.recipe_differences(stand_in.stand_in_recipe(supervised, supervised.world),
+                                       stand_in.stand_in_recipe(ssl, ssl.world))
+  assert "pretraining.objective" in differ and "pretraining.steps" in differ
+  assert "pretraining.self_supervised" in differ and not any(d.startswith("world") for d in differ)
+  assert stand_in.recipe_differences({"a": {"b": 1}}, {"a": {"b": 1}}) == []

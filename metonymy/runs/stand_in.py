@@ -71,6 +71,19 @@ def stand_in_recipe(config, world) -> Dict:
                                 "pretraining": pre, "world": world}))
 
 
+def recipe_differences(shipped: Dict, wanted: Dict, prefix: str = "") -> list:
+  """The dotted keys whose values differ between two recipes (either side missing counts)."""
+  keys = sorted(set(shipped) | set(wanted))
+  out = []
+  for key in keys:
+    a, b = shipped.get(key), wanted.get(key)
+    if isinstance(a, dict) and isinstance(b, dict):
+      out += recipe_differences(a, b, f"{prefix}{key}.")
+    elif a != b:
+      out.append(f"{prefix}{key}")
+  return out
+
+
 def pretrain(model, params, source, transforms, pre, seed: int, **kwargs):
   """training/pretraining.pretrain with the options of a `backbone_pretraining` config block
   (config_lib.backbone_pretraining); kwargs: the loop's other arguments (state, evaluation)."""
@@ -191,14 +204,23 @@ def pretrained_backbone(config, workdir, world) -> Tuple[str, Optional[Dict]]:
     shipped = shipped_stand_in(config, world.seed)
     record = None
     if config.backbone_pretraining.get("shipped") and os.path.exists(shipped + ".json"):
-      if pretraining.read_stand_in_record(shipped).get("recipe") == recipe:
+      recorded = pretraining.read_stand_in_record(shipped)
+      if recorded.get("recipe") == recipe:
         vit_config, params, heads, record = pretraining.load_stand_in(shipped)
         console.console(f"[demo] using the stand-in shipped in {shipped}.npz (made by this recipe: "
                         f"{record['command']})")
         record = dict(record, source=os.path.relpath(shipped, ASSETS))
       else:
-        console.console(f"[demo] the shipped stand-in {shipped} was made by another recipe; "
-                        "pretraining one here")
+        differ = recipe_differences(recorded.get("recipe") or {}, recipe)
+        console.console(f"[demo] the shipped stand-in {shipped} was made by another recipe "
+                        f"(it differs in {', '.join(differ[:6]) or 'its format'}); pretraining "
+                        f"one here, as it took {float(recorded.get('seconds', 0)) / 60:.0f} min "
+                        "on its machine (--config.benchmark.backbone.checkpoint=DIR uses one "
+                        "you have)")
+    elif config.backbone_pretraining.get("shipped"):
+      console.console(f"[demo] no stand-in is shipped as {shipped}.npz for this recipe; "
+                      f"pretraining one here ({int(config.backbone_pretraining.steps)} steps; "
+                      "--config.benchmark.backbone.checkpoint=DIR uses one you have)")
     if record is None:
       vit_config, trained, record = pretrain_stand_in(config, world)
       params, heads = trained.params, trained.heads
