@@ -114,16 +114,24 @@ def test_nothing_below_training_imports_training():
   assert upward_imports(import_graph()) == {}
 
 
-def test_the_upward_check_sees_a_planted_import(tmp_path):
+def _planted_package(tmp_path, folders, files):
+  """tmp_path/metonymy with the sub-packages `folders` and the modules {relative path: text}."""
   package = tmp_path / "metonymy"
-  for folder in ("training", "data", "workdir"):
+  for folder in folders:
     (package / folder).mkdir(parents=True)
     (package / folder / "__init__.py").write_text("")
   (package / "__init__.py").write_text("")
-  (package / "training" / "run_state.py").write_text("")
-  (package / "loading.py").write_text("def f():\n  from metonymy.training import run_state\n")
-  (package / "data" / "x.py").write_text("import metonymy.training.run_state\n")
-  (package / "workdir" / "layout.py").write_text("from metonymy import loading\n")
+  for path, text in files.items():
+    (package / path).write_text(text)
+  return package
+
+
+def test_the_upward_check_sees_a_planted_import(tmp_path):
+  package = _planted_package(tmp_path, ("training", "data", "workdir"), {
+      "training/run_state.py": "",
+      "loading.py": "def f():\n  from metonymy.training import run_state\n",
+      "data/x.py": "import metonymy.training.run_state\n",
+      "workdir/layout.py": "from metonymy import loading\n"})
   assert upward_imports(import_graph(str(package))) == {
       "metonymy.data.x": ["metonymy.training.run_state"],
       "metonymy.loading": ["metonymy.training.run_state"],
@@ -157,15 +165,10 @@ def test_probe_imports_no_trainer_and_training_no_probe():
 
 
 def test_the_crossing_check_sees_a_planted_import(tmp_path):
-  package = tmp_path / "metonymy"
-  for folder in ("training", "probe"):
-    (package / folder).mkdir(parents=True)
-    (package / folder / "__init__.py").write_text("")
-  (package / "__init__.py").write_text("")
-  (package / "probe" / "masks.py").write_text("")
-  (package / "training" / "pretraining.py").write_text("")
-  (package / "training" / "evaluate.py").write_text("from metonymy.probe import masks\n")
-  (package / "probe" / "job.py").write_text("def f():\n  from metonymy.training import pretraining\n")
+  package = _planted_package(tmp_path, ("training", "probe"), {
+      "probe/masks.py": "", "training/pretraining.py": "",
+      "training/evaluate.py": "from metonymy.probe import masks\n",
+      "probe/job.py": "def f():\n  from metonymy.training import pretraining\n"})
   assert crossings(import_graph(str(package))) == {
       "metonymy.probe.job": ["metonymy.training.pretraining"],
       "metonymy.training.evaluate": ["metonymy.probe.masks"]}

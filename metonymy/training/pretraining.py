@@ -244,15 +244,12 @@ def pretrain(model, params, source, transforms, *, steps: int, batch_size: int =
     @jax.jit
     def step(carry, xb, yb, vb, rng, index):
       trainable, opt_state, teacher, center = carry
-      attribute_term = None
-      if uses_attributes:
-        attribute_term = lambda p: (lambda out: attributes_loss(p["attribute_heads"], out, yb,
-                                                                 vb))
-
       def loss_fn(p):
-        return self_supervised.objective(
-            model, recipe, p, teacher, center, xb, rng, index, steps,
-            attribute_term(p) if attribute_term else None)
+        attribute_term = None
+        if uses_attributes:  # The attribute heads' loss on the student's whole-image output.
+          attribute_term = lambda out: attributes_loss(p["attribute_heads"], out, yb, vb)
+        return self_supervised.objective(model, recipe, p, teacher, center, xb, rng, index,
+                                         steps, attribute_term)
 
       (value, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(trainable)
       updates, opt_state = tx.update(grads, opt_state, trainable)
