@@ -1,6 +1,8 @@
-"""colabs/explore_attention_masks.ipynb runs top to bottom on CPU (so it cannot rot), opens in
-Colab (a set-up cell installs the package there and nothing elsewhere), and is committed executed:
-its outputs come from its committed code (issue 14, part 4)."""
+"""colabs/explore_attention_masks.ipynb runs top to bottom on CPU (so it cannot rot), explores
+what the demo ships (world v3 and its shipped stand-in), installs from the checkout it sits in
+(no URL), and is committed executed: its outputs come from its committed code (issue 14, part 4;
+issue 47). No placeholder URL is shown anywhere, and tools/set_repository_url.py records a real
+one when it is known."""
 
 import os
 
@@ -44,11 +46,17 @@ def test_committed_notebook_is_executed_top_to_bottom_with_its_figures():
   assert [c.execution_count for c in code] == list(range(1, len(code) + 1))
   assert not [o for c in code for o in c.outputs if o.output_type == "error"]
   assert len(_figures(nb)) >= 4  # part maps, masks, attention, late vs early: visible on GitHub
-  # The set-up cell comes first and installs only under Colab.
+  # The set-up cell comes first: it finds the checkout it sits in and installs that (pip
+  # install -e REPO) only when metonymy is not importable; no URL to clone or install from.
   setup = code[0].source
-  assert 'if "google.colab" in sys.modules:' in setup and "pip" in setup
-  assert "not under Colab" in "".join(o.get("text", "") for o in code[0].outputs)
-  assert "colab.research.google.com/github/" in nb.cells[0].source  # the Open in Colab badge
+  assert "def find_checkout(" in setup and '"install", "-q", "-e", REPO' in setup
+  assert "http" not in setup and "git clone" not in setup
+  assert "metonymy is installed from this checkout" in "".join(
+      o.get("text", "") for o in code[0].outputs)
+  # What the project ships today: the demo's world (v3, its default) and its shipped stand-in.
+  text = "".join(o.get("text", "") for c in code for o in c.outputs)
+  assert "demo_stand_in_v3_world0.npz" in text and "plain tone 'part'" in text
+  assert "world=v1" not in "".join(c.source for c in code)
 
 
 @pytest.mark.slow
@@ -78,21 +86,51 @@ def test_explore_attention_masks_notebook_runs_and_its_committed_outputs_match(m
           f"commit the notebook (see colabs/README.md)\n{fresh.source[:200]}")
 
 
-def test_every_link_and_clone_uses_the_one_recorded_repository_url():
+def _tool():
   import importlib.util
-  import json
   spec = importlib.util.spec_from_file_location(
       "set_repository_url", os.path.join(ROOT, "tools", "set_repository_url.py"))
   tool = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(tool)
-  url = tool.recorded_url()
-  prefix = tool.colab_prefix(url)
-  # colabs/README.md links the notebook; README's front page does not, until the URL is real.
-  for path, required in (("README.md", False), (os.path.join("colabs", "README.md"), True)):
+  return tool
+
+
+def test_no_placeholder_url_and_the_colab_badge_follows_the_recorded_url():
+  """No page, notebook or pyproject.toml shows a placeholder repository URL; the Colab badge of
+  colabs/README.md is there exactly when pyproject.toml records the URL, and built from it."""
+  from metonymy import readme_blocks
+  tool = _tool()
+  for path in ("pyproject.toml", "README.md", "CITATION.cff", os.path.join("colabs", "README.md"),
+               os.path.join("colabs", "explore_attention_masks.ipynb")):
     with open(os.path.join(ROOT, path)) as f:
-      links = tool.COLAB_LINK.findall(f.read())
-    assert set(links) <= {prefix} and (links or not required), (path, links)
-  with open(NOTEBOOK) as f:
-    text = "".join("".join(c["source"]) for c in json.load(f)["cells"])
-  assert set(tool.COLAB_LINK.findall(text)) == {prefix}
-  assert tool.NOTEBOOK_REPOSITORY.findall(text) == [f'REPOSITORY = "{url}"']
+      text = f.read()
+    assert "OWNER" not in text and "github.com/<" not in text, path
+  url = tool.recorded_url()
+  block = readme_blocks.read_block(os.path.join(ROOT, tool.COLAB_README), tool.BADGE_BLOCK)[1]
+  assert block.strip() == tool.badge_block(url).strip()
+  with open(os.path.join(ROOT, "README.md")) as f:  # README's front page links no Colab either
+    links = tool.COLAB_LINK.findall(f.read())
+  assert set(links) <= ({tool.colab_prefix(url)} if url else set())
+
+
+def test_set_repository_url_records_the_url_once_and_a_rerun_replaces_it(tmp_path):
+  """The tool on a copy of pyproject.toml and colabs/README.md: the URL lands in
+  [project.urls] (a table it adds, as pyproject.toml has none yet) and in the badge block; a
+  second URL replaces the first instead of adding to it; pyproject.toml stays valid TOML."""
+  import shutil
+  import tomllib
+  tool = _tool()
+  (tmp_path / "colabs").mkdir()
+  shutil.copy(os.path.join(ROOT, "pyproject.toml"), tmp_path / "pyproject.toml")
+  shutil.copy(os.path.join(ROOT, "colabs", "README.md"), tmp_path / "colabs" / "README.md")
+  assert tool.main(["set_repository_url.py", "https://example.org/x/y"]) == 2
+  for url in ("https://github.com/first/metonymy", "https://github.com/second/metonymy"):
+    tool.record(url, str(tmp_path))
+    assert tool.recorded_url(str(tmp_path)) == url
+    with open(tmp_path / "pyproject.toml", "rb") as f:
+      project = tomllib.load(f)["project"]
+    assert project["urls"] == {"Repository": url} and project["name"] == "metonymy"
+    page = (tmp_path / "colabs" / "README.md").read_text()
+    assert tool.COLAB_LINK.findall(page) == [tool.colab_prefix(url)]
+    assert page.count(f"!git clone {url} /content/metonymy") == 1
+  assert "github.com/first/" not in (tmp_path / "pyproject.toml").read_text()

@@ -1,34 +1,41 @@
-"""Records the repository's URL in the one place it lives and everywhere it is shown.
+"""Records the repository's URL, once it is known, where it is shown.
 
-  python tools/set_repository_url.py https://github.com/OWNER/metonymy
+  python tools/set_repository_url.py https://github.com/<owner>/<name>
 
-pyproject.toml's `[project.urls] Repository` is the one record; this rewrites it, and from it the
-"Open in Colab" links (README.md, colabs/README.md, the notebook's first cell) and the notebook
-set-up cell's `REPOSITORY`, which clones the repository under Colab. tests/test_colab.py checks
-that they agree. Only GitHub URLs: Colab opens notebooks from GitHub.
+Until then the repository shows no URL at all (no placeholder): pyproject.toml has no
+`[project.urls]` table and colabs/README.md's `colab:badge` block is empty, so the notebook is
+opened from a checkout (its first cell installs that checkout). This adds, or replaces,
+pyproject.toml's `[project.urls] Repository`, the one record, and from it writes the "Open in
+Colab" badge and the clone command into colabs/README.md's block (metonymy/readme_blocks.py).
+tests/test_colab.py checks that the two agree and that a rerun replaces instead of adding. Only
+GitHub URLs: Colab opens notebooks from GitHub.
 """
 
-import json
 import os
 import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NOTEBOOK = os.path.join("colabs", "explore_attention_masks.ipynb")
+NOTEBOOK = "colabs/explore_attention_masks.ipynb"
+COLAB_README = os.path.join("colabs", "README.md")
+BADGE_BLOCK = "colab:badge"
 URL = re.compile(r"^https://github\.com/([\w.-]+)/([\w.-]+?)(\.git)?/?$")
 PYPROJECT_URL = re.compile(r'^Repository = "(https://github\.com/[^"]+)"$', re.MULTILINE)
+URLS_TABLE = re.compile(r"^\[project\.urls\]$", re.MULTILINE)
 COLAB_LINK = re.compile(r"https://colab\.research\.google\.com/github/[\w.-]+/[\w.-]+/blob/main/")
-NOTEBOOK_REPOSITORY = re.compile(r'REPOSITORY = "https://github\.com/[^"]+"')
 
 
-def recorded_url() -> str:
-  """The Repository URL of pyproject.toml."""
-  with open(os.path.join(ROOT, "pyproject.toml")) as f:
+def _readme_blocks():
+  sys.path.insert(0, ROOT)  # metonymy/readme_blocks.py, from this checkout.
+  from metonymy import readme_blocks
+  return readme_blocks
+
+
+def recorded_url(root: str = ROOT) -> str:
+  """The Repository URL of pyproject.toml, or "" while none is recorded."""
+  with open(os.path.join(root, "pyproject.toml")) as f:
     found = PYPROJECT_URL.search(f.read())
-  if not found:
-    raise ValueError("pyproject.toml has no `Repository = \"https://github.com/...\"` line under "
-                     "[project.urls]")
-  return found.group(1)
+  return found.group(1) if found else ""
 
 
 def colab_prefix(url: str) -> str:
@@ -36,36 +43,48 @@ def colab_prefix(url: str) -> str:
   return f"https://colab.research.google.com/github/{owner}/{name}/blob/main/"
 
 
-def _rewrite(path: str, url: str) -> None:
-  full = os.path.join(ROOT, path)
-  with open(full) as f:
+def badge_block(url: str) -> str:
+  """The text of colabs/README.md's colab:badge block for `url` ("" for none)."""
+  if not url:
+    return ""
+  return (f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+          f"({colab_prefix(url)}{NOTEBOOK})\n(in Colab, first run `!git clone {url} "
+          "/content/metonymy` in a cell: the notebook's first cell installs that checkout)")
+
+
+def set_pyproject_url(text: str, url: str) -> str:
+  """pyproject.toml's text with `Repository = "url"` under [project.urls], replaced if there,
+  else added (with the table, before the first table after [project])."""
+  line = f'Repository = "{url}"'
+  if PYPROJECT_URL.search(text):
+    return PYPROJECT_URL.sub(line, text)
+  if URLS_TABLE.search(text):
+    return URLS_TABLE.sub(f"[project.urls]\n{line}", text, count=1)
+  project = text.index("[project]\n")
+  after = text.find("\n[", project + 1)
+  at = len(text) if after < 0 else after + 1
+  return text[:at] + f"[project.urls]\n{line}\n\n" + text[at:]
+
+
+def record(url: str, root: str = ROOT) -> None:
+  """Writes `url` into pyproject.toml and colabs/README.md's badge block under `root`."""
+  path = os.path.join(root, "pyproject.toml")
+  with open(path) as f:
     text = f.read()
-  text = COLAB_LINK.sub(colab_prefix(url), text)
-  if path == "pyproject.toml":
-    text = PYPROJECT_URL.sub(f'Repository = "{url}"', text)
-  if path == NOTEBOOK:
-    nb = json.loads(text)
-    for cell in nb["cells"]:
-      source = "".join(cell["source"])
-      source = NOTEBOOK_REPOSITORY.sub(f'REPOSITORY = "{url}"', COLAB_LINK.sub(
-          colab_prefix(url), source))
-      lines = source.split("\n")
-      cell["source"] = [line + "\n" for line in lines[:-1]] + [lines[-1]]
-    text = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
-  with open(full, "w") as f:
-    f.write(text)
+  with open(path, "w") as f:
+    f.write(set_pyproject_url(text, url))
+  _readme_blocks().write_block(os.path.join(root, COLAB_README), BADGE_BLOCK, badge_block(url))
 
 
 def main(argv) -> int:
   if len(argv) != 2 or not URL.match(argv[1]):
-    print("usage: python tools/set_repository_url.py https://github.com/OWNER/NAME",
+    print("usage: python tools/set_repository_url.py https://github.com/<owner>/<name>",
           file=sys.stderr)
     return 2
   url = URL.match(argv[1]).group(0).rstrip("/")
   url = url[:-4] if url.endswith(".git") else url
-  for path in ("pyproject.toml", "README.md", os.path.join("colabs", "README.md"), NOTEBOOK):
-    _rewrite(path, url)
-  print(f"recorded {url} in pyproject.toml, README.md, colabs/README.md and {NOTEBOOK}")
+  record(url)
+  print(f"recorded {url} in pyproject.toml and {COLAB_README}")
   return 0
 
 
