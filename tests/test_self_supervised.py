@@ -173,3 +173,59 @@ def test_recipes_refuse_unknown_options_and_empty_objectives():
   with pytest.raises(ValueError, match="pixel_target"):
     ssl.Recipe(pixel_target="tone")
   assert ssl.Recipe.from_dict({"mask_ratio": [0.2, 0.3]}).mask_ratio == (0.2, 0.3)
+
+
+def _distinct_tokens(batch, tokens, dim, seed):
+  return jax.random.normal(jax.random.PRNGKey(seed), (batch, tokens, dim))
+
+
+def test_the_dense_loss_rewards_picking_the_token_at_the_same_image_point():
+  teacher = _distinct_tokens(2, 9, 16, 0)
+  order = jnp.tile(jnp.arange(9)[::-1], (2, 1))  # student token i sits where teacher 8 - i is
+  student = jnp.take_along_axis(teacher, order[..., None], axis=1)
+  inside = jnp.ones((2, 9))
+  right = ssl.dense_loss(student, teacher, order, inside, 0.1)
+  wrong = ssl.dense_loss(student, teacher, jnp.tile(jnp.arange(9), (2, 1)), inside, 0.1)
+  assert float(right) < 0.1 < np.log(9) < float(wrong)
+  # Points outside the teacher's view count for nothing.
+  half = inside.at[:, 4:].set(0)
+  wrong_outside = order.at[:, 4:].set(0)
+  np.testing.assert_allclose(ssl.dense_loss(student, teacher, wrong_outside, half, 0.1),
+                             ssl.dense_loss(student, teacher, order, half, 0.1), rtol=1e-6)
+  # No gradient reaches the teacher.
+  grad = jax.grad(lambda t: ssl.dense_loss(student, t, order, inside, 0.1))(teacher)
+  assert float(jnp.abs(grad).max()) == 0.0
+
+
+def test_the_dense_loss_draws_its_negatives_from_the_same_image_only():
+  """A token shared by every token of an image, or another image's tokens, change nothing: the
+  term is the mean of each image's own term."""
+  teacher = _distinct_tokens(2, 9, 16, 1)
+  student = teacher + 0.5 * _distinct_tokens(2, 9, 16, 2)
+  index, inside = jnp.tile(jnp.arange(9), (2, 1)), jnp.ones((2, 9))
+  both = ssl.dense_loss(student, teacher, index, inside, 0.1)
+  alone = [ssl.dense_loss(student[b:b + 1], teacher[b:b + 1], index[b:b + 1], inside[b:b + 1],
+                          0.1) for b in range(2)]
+  np.testing.assert_allclose(both, (alone[0] + alone[1]) / 2, rtol=1e-6)
+  # Image 0's gradient is blind to image 1's teacher tokens: with negatives across images it
+  # would move when they do.
+  grad_of_image_0 = lambda t: jax.grad(
+      lambda s: ssl.dense_loss(s, t, index, inside, 0.1))(student)[0]
+  np.testing.assert_array_equal(grad_of_image_0(teacher),
+                                grad_of_image_0(teacher.at[1].set(student[0])))
+
+
+def test_the_soft_dense_target_spreads_over_the_tokens_the_teacher_finds_alike():
+  teacher = _distinct_tokens(1, 6, 16, 3)
+  index, inside = jnp.arange(6)[None], jnp.ones((1, 6))
+  student = teacher + 0.3 * _distinct_tokens(1, 6, 16, 4)
+  # Sharp enough, the soft target is the hard one.
+  np.testing.assert_allclose(ssl.dense_loss(student, teacher, index, inside, 0.1, 1e-4),
+                             ssl.dense_loss(student, teacher, index, inside, 0.1), rtol=1e-5)
+  # A student that sees what the teacher sees is at the soft target's optimum (at equal
+  # temperatures) even where two tokens are alike (a plain region); the hard target would still
+  # push it to tell them apart.
+  plain = teacher.at[0, 1].set(teacher[0, 0] + 0.01)
+  grad = lambda tt: jax.grad(lambda s: ssl.dense_loss(s, plain, index, inside, 0.1, tt))(plain)
+  soft, hard = (float(jnp.abs(grad(t)).max()) for t in (0.1, 0.0))
+  assert soft < 1e-6 < 1e-4 < hard, (soft, hard)

@@ -19,6 +19,13 @@ A student ViT and an exponential-moving-average (EMA) teacher see different view
              normalised image's own values, so a part's tone is in the target; "patch": every
              target patch normalised to zero mean and unit variance, as MAE's default, which
              removes a plain patch's tone;
+  dense      every patch token of every student view must pick, among all the teacher's tokens
+             of the other global view of the same image, the one at its own image point
+             (InfoNCE on the unit-normalised backbone tokens, `dense_temperature`; the crops'
+             boxes give the pairs). Its negatives are the same image's other tokens only, so a
+             component every token of an image shares earns nothing and what tells one point of
+             the image from another is what the tokens keep (a dense contrastive loss in the
+             spirit of VADeR / PixPro, within the image);
   attributes the image-level attribute losses of the supervised recipe (training/pretraining.py's
              heads), on the whole image, for the arms that combine both.
 
@@ -211,6 +218,31 @@ def pixel_loss(predicted: jnp.ndarray, images: jnp.ndarray, token_mask: jnp.ndar
   return jnp.sum(per_patch * weights) / jnp.maximum(jnp.sum(weights), 1.0)
 
 
+def dense_loss(student_tokens: jnp.ndarray, teacher_tokens: jnp.ndarray, index: jnp.ndarray,
+               inside: jnp.ndarray, temperature: float,
+               target_temperature: float = 0.0) -> jnp.ndarray:
+  """Within-image InfoNCE. student_tokens [B, n, D], teacher_tokens [B, N, D] (no gradient),
+  index int [B, n]: the teacher token at each student token's image point, inside bool [B, n]:
+  that point is in the teacher's view. Mean cross-entropy over the inside tokens of
+  softmax_j(cos(student_i, teacher_j) / temperature) against a target over j, each image
+  weighted equally. The target: j = index_i (`target_temperature` 0), or the teacher's own
+  view of its token there, softmax_j(cos(teacher_index_i, teacher_j) / target_temperature),
+  which spreads the target over the tokens the teacher finds alike (a plain region's tokens
+  need not then be told apart)."""
+  unit = lambda t: t * jax.lax.rsqrt(jnp.sum(jnp.square(t), -1, keepdims=True) + 1e-12)
+  keys = unit(jax.lax.stop_gradient(teacher_tokens))
+  logits = jnp.einsum("bnd,bmd->bnm", unit(student_tokens), keys) / temperature
+  log_probs = jax.nn.log_softmax(logits, axis=-1)
+  if target_temperature > 0:
+    anchors = jnp.take_along_axis(keys, index[..., None], axis=1)
+    target = jax.nn.softmax(jnp.einsum("bnd,bmd->bnm", anchors, keys) / target_temperature, -1)
+    picked = jnp.sum(target * log_probs, -1)
+  else:
+    picked = jnp.take_along_axis(log_probs, index[..., None], axis=-1)[..., 0]
+  weights = inside / jnp.maximum(jnp.sum(inside, 1, keepdims=True), 1)
+  return -jnp.sum(picked * weights) / jnp.maximum(jnp.sum(jnp.any(inside, 1)), 1)
+
+
 # ------------------------------------------------------------------------------------------------
 # Schedules and the teacher.
 
@@ -307,7 +339,7 @@ def objective(model, recipe: Recipe, params: Dict, teacher: Optional[Dict],
     teacher_out = backbone(teacher["backbone"],
                            teacher_views.reshape((-1,) + teacher_views.shape[2:]))
   local_out = None
-  if "local" in seen and (recipe.dino > 0 or recipe.patch_views == "cross"):
+  if "local" in seen and (recipe.dino > 0 or recipe.dense > 0 or recipe.patch_views == "cross"):
     local_out = backbone(params["backbone"],
                          seen["local"].reshape((-1,) + seen["local"].shape[2:]))
   if recipe.dino > 0:
@@ -343,6 +375,10 @@ def objective(model, recipe: Recipe, params: Dict, teacher: Optional[Dict],
                                                     local_out["patch_tokens"]))
     aux["teacher_scores"]["ibot_head"] = teacher_scores
     aux.update({f"ibot/teacher_{k}": v for k, v in statistics_of(probs).items()})
+  if recipe.dense > 0:
+    terms["dense"] = _dense_term(recipe, student["patch_tokens"], teacher_out["patch_tokens"],
+                                 seen, batch, model.config.patch_size,
+                                 None if local_out is None else local_out["patch_tokens"])
   if recipe.koleo > 0:
     cls = student["prefix_tokens"][:, 0].reshape(2, batch, -1)
     terms["koleo"] = (koleo_loss(cls[0]) + koleo_loss(cls[1])) / 2.0
@@ -383,6 +419,32 @@ def _cross_view_patch_loss(recipe: Recipe, global_scores: jnp.ndarray,
         weights = inside / jnp.maximum(jnp.sum(inside, 1, keepdims=True), 1)
         total += distillation_loss(scores[v], target, recipe.student_temperature,
                                    weights.astype(scores.dtype))
+        pairs += 1
+  return total / pairs
+
+
+def _dense_term(recipe: Recipe, global_tokens: jnp.ndarray, teacher_tokens: jnp.ndarray,
+                seen: Dict[str, jnp.ndarray], batch: int, patch: int,
+                local_tokens: Optional[jnp.ndarray]) -> jnp.ndarray:
+  """`dense_loss` of every student view (global [2B, N, D], local [L B, n, D] or None) against
+  the teacher's tokens [2B, N, D] of each other global view, averaged over the view pairs."""
+  grid = seen["global"].shape[2] // patch
+  teacher_tokens = teacher_tokens.reshape((2, batch) + teacher_tokens.shape[1:])
+  students = [(global_tokens.reshape((2, batch) + global_tokens.shape[1:]), seen["global_boxes"],
+               grid, True)]
+  if local_tokens is not None:
+    students.append((local_tokens.reshape((recipe.local_crops, batch) + local_tokens.shape[1:]),
+                     seen["local_boxes"], seen["local"].shape[2] // patch, False))
+  total, pairs = 0.0, 0
+  for tokens, boxes, student_grid, is_global in students:
+    for v in range(tokens.shape[0]):
+      for t in range(2):
+        if is_global and v == t:
+          continue
+        index, inside = corresponding_tokens(boxes[v], student_grid, seen["global_boxes"][t],
+                                             grid)
+        total += dense_loss(tokens[v], teacher_tokens[t], index, inside.astype(tokens.dtype),
+                            recipe.dense_temperature, recipe.dense_target_temperature)
         pairs += 1
   return total / pairs
 

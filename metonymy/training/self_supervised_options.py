@@ -7,7 +7,7 @@ command-line override of one is checked like any other key.
 import dataclasses
 from typing import Tuple
 
-OBJECTIVES = ("dino", "ibot", "koleo", "pixels", "attributes")
+OBJECTIVES = ("dino", "ibot", "koleo", "pixels", "dense", "attributes")
 PIXEL_TARGETS = ("image", "patch")
 PATCH_LOSSES = ("masked", "all")
 PATCH_VIEWS = ("same", "cross")
@@ -20,6 +20,7 @@ class Recipe:
   ibot: float = 1.0
   koleo: float = 0.1
   pixels: float = 0.0
+  dense: float = 0.0
   attributes: float = 0.0
   pixel_target: str = "image"
   prototypes: int = 256
@@ -42,6 +43,12 @@ class Recipe:
   # of every student view, global and local (a dense DINO: a token seen with less or other
   # context must say what the teacher says there; the crops' geometry gives the pairs).
   patch_views: str = "same"
+  # The dense term's softmax temperature over the tokens of one image (training/self_supervised.py
+  # `dense_loss`).
+  dense_temperature: float = 0.1
+  # 0: the target is the one teacher token at the same image point; > 0: the teacher's
+  # similarities to it, sharpened by this temperature (`dense_loss`).
+  dense_target_temperature: float = 0.0
   local_crops: int = 4
   local_size: int = 32
   local_scale: Tuple[float, float] = (0.1, 0.4)
@@ -69,8 +76,8 @@ class Recipe:
 
   @property
   def distills(self) -> bool:
-    """Whether a teacher is needed (DINO or iBOT)."""
-    return self.dino > 0 or self.ibot > 0
+    """Whether a teacher is needed (DINO, iBOT or the dense term)."""
+    return self.dino > 0 or self.ibot > 0 or self.dense > 0
 
   @property
   def masks(self) -> bool:
