@@ -10,8 +10,8 @@ Steps (metonymy/demo/story.py), on the world with cross-part correlation 0, so a
 feature to predict part k's attributes is leakage:
   1. the stand-in for DINO: a tiny ViT (patch 4, width 64, depth 4; depth 2 for `tiny`)
      pretrained to predict every attribute from its CLS token and from one attention read-out
-     per part (training/pretraining.py; image-level labels only). On world v3 its 5,000 steps take
-     ~65 minutes on 2 CPU cores, so the stand-in made by exactly this recipe ships in
+     per part (training/pretraining.py; image-level labels only). On world v3 its 5,000 steps took
+     42 minutes on 2 CPU cores for world seed 0 (its record's `seconds`), so the stand-in made by exactly this recipe ships in
      metonymy/assets/ (one per world seed 0-2; `:stand_in` remakes one) and is used when the
      recipe matches, else it is pretrained here. Its own quality (attribute mAP of its heads on
      `val`) is reported. Saved as a converted backbone folder, WORKDIR/backbone, usable as
@@ -42,8 +42,8 @@ from metonymy import config_lib
 #   steps, training steps of the single-stage and the two-stage model (two-stage steps cost ~6x
 #   more: K+1 isolated streams and a trainable ViT), training batch, evaluation examples,
 #   bootstrap resamples, causal-leakage images. A world may set its own pretraining and
-#   training steps (WORLDS); the default world, v3, took 377 s on 2 idle CPU cores (README gives
-#   the measured time); `tiny` renders at 32 px.
+#   training steps (WORLDS); README's demo block gives the default world's measured time;
+#   `tiny` renders at 32 px.
 SIZES = {
     "full": dict(depth=4, splits=(8000, 500, 1000), pretrain_steps=3000,
              probe_train=2000, single_steps=1000, two_stage_steps=1000, train_batch=16,
