@@ -90,6 +90,38 @@ def test_short_pretraining_learns_above_chance(tmp_path):
   jax.tree_util.tree_map(np.testing.assert_array_equal, heads2, trained.heads)
 
 
+
+@pytest.mark.slow
+def test_a_short_dense_pretraining_lowers_its_loss_and_brings_out_the_parts():
+  """On a small v3-like world (parts marked by their tone), 300 steps of the dense term raise
+  the last block's k-means NMI over the foreground tokens well above a random init's; pairs
+  that ignore the crops' geometry leave it below (measured: 7.9 -> 13.7; 1.7 with such pairs)."""
+  from metonymy.data import synthetic
+  from metonymy.data import transforms
+  from metonymy.evaluation import token_geometry
+  world = synthetic.SyntheticConfig(image_size=32, correlation=0.0, scale_range=(0.5, 0.65),
+                                    max_rotation=180.0, min_translation=0.18,
+                                    evidence_fraction=0.15, plain_tone="part",
+                                    splits=(("train", 512), ("val", 160)))
+  config = vit.get_config("vit_tiny_test").replace(patch_size=4, depth=2,
+                                                   pos_embed_grid=(8, 8), image_size=32)
+  model, params = vit.init_params(config, jax.random.PRNGKey(0))
+  standard = transforms.standard(32, train=False, mean=config.image_mean, std=config.image_std)
+  val = synthetic.make_source(None, "val", world)
+  images, _, _ = pretrain.load_examples(val, 160, standard)
+  segmentation = np.stack([val[i]["part_segmentation"] for i in range(160)])
+  forward = jax.jit(lambda p, x: model.apply({"params": p}, x))
+  nmi = lambda p: token_geometry.token_geometry(lambda x: forward(p, x), images, segmentation,
+                                                5, 4, per_block=False)["kmeans_fg/NMI"]
+  trained = pretrain.pretrain(
+      model, params, synthetic.make_source(None, "train", world), standard, steps=300,
+      batch_size=16, learning_rate=2e-3, weight_decay=0.04, images=512, progress=False,
+      objective="self_supervised", self_supervised_options=dict(
+          dino=0.0, ibot=0.0, koleo=0.0, dense=1.0, local_crops=0, brightness=0.35))
+  assert trained.loss_history[-1][1] < 0.8 * trained.loss_history[0][1]
+  before, after = nmi(params), nmi(trained.params)
+  assert after > before + 3.0, (before, after)
+
 def _tiny_pretraining():
   """(model, params, source, transforms) of a 1-block ViT on an 8-image 16-px world."""
   from metonymy.data import synthetic
