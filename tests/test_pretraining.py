@@ -384,11 +384,19 @@ def test_the_self_supervised_stand_in_is_its_own_recipe_and_is_measured_without_
   assert "stand_in_objective=self_supervised" in stand_in.stand_in_command(config, config.world)
   vit_config, trained, record = stand_in.pretrain_stand_in(config, config.world,
                                                            str(tmp_path / "state"))
-  assert trained.heads == {} and len(trained.loss_history) == 2
+  # The shipped recipe combines the dense term with the attribute losses: their heads come back
+  # and are measured with the frozen CLS probe beside them.
+  assert set(trained.heads) == set(pretrain.HEADS) and len(trained.loss_history) == 2
   quality = stand_in.stand_in_quality(config, config.world, vit_config, trained.params,
                                       trained.heads)
-  assert "cls/mAP" not in quality
+  assert "cls/mAP" in quality
   assert 0.0 < quality["cls_probe/chance"] < 1.0 and "kmeans_fg/NMI/block2" in quality
+  # Without the attribute term, no heads: the CLS probe alone measures the CLS token.
+  config.backbone_pretraining.self_supervised.attributes = 0.0
+  _, trained, _ = stand_in.pretrain_stand_in(config, config.world, str(tmp_path / "state2"))
+  assert trained.heads == {}
+  quality = stand_in.stand_in_quality(config, config.world, vit_config, trained.params, {})
+  assert "cls/mAP" not in quality and "cls_probe/mAP" in quality
   with pytest.raises(ValueError, match="world v1 has no self-supervised stand-in"):
     config_lib.load_sibling_config(CONFIG_FILE, "demo", "tiny,world=v1,"
                                    "stand_in_objective=self_supervised")
