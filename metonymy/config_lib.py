@@ -277,11 +277,14 @@ def stage1_model(num_parts: int, temperature: float = 1.0) -> ml_collections.Con
   """Stage 1 (models/stage1.py): K foreground parts + background, Gumbel-softmax temperature,
   the prototypes' start (PROTOTYPE_INIT), how the shared LayerNorm takes its statistics
   (`embedding_norm`: "per_part", or "joint" as PDiscoFormer; stage1.EMBEDDING_NORMS quotes the
-  paper's sentence) and whole-part dropout before the attribute head (`part_dropout`;
-  PDiscoFormer's 0.3, the paper silent). Their defaults are the runs recorded so far."""
+  paper's sentence), whole-part dropout before the attribute head (`part_dropout`;
+  PDiscoFormer's 0.3, the paper silent) and Gumbel noise in the evaluation maps
+  (`evaluation_noise`; PDiscoFormer keeps it, the paper silent). Their defaults are the runs
+  recorded so far."""
   return ml_collections.ConfigDict(dict({"name": "stage1", "num_parts": num_parts,
                                          "temperature": temperature,
-                                         "embedding_norm": "per_part", "part_dropout": 0.0},
+                                         "embedding_norm": "per_part", "part_dropout": 0.0,
+                                         "evaluation_noise": False},
                                         **PROTOTYPE_INIT))
 
 

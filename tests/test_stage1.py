@@ -83,6 +83,22 @@ def test_gumbel_noise_only_in_training(setup):
     model.apply(params, frozen, images, train=True)
 
 
+def test_evaluation_noise_keeps_the_gumbel_noise_in_evaluation_maps_and_repeats_itself(setup):
+  model, frozen, params, images = setup
+  config = ml_collections.ConfigDict({
+      "seed": 0, "backbone": config_lib.backbone("vit_tiny_test", image_size=SIZE),
+      "model": config_lib.stage1_model(num_parts=K, temperature=1.0)})
+  config.model.evaluation_noise = True
+  noisy_model, _ = loading.build_model(config, A)
+  clean = model.apply(params, frozen, images, train=False)["maps"]
+  first = noisy_model.apply(params, frozen, images, train=False)["maps"]
+  again = noisy_model.apply(params, frozen, images, train=False)["maps"]
+  other = noisy_model.apply(params, frozen, images, train=False, rng=jax.random.PRNGKey(7))["maps"]
+  np.testing.assert_array_equal(first, again)  # no key given: a fixed one
+  assert float(jnp.max(jnp.abs(first - clean))) > 1e-3
+  assert float(jnp.max(jnp.abs(first - other))) > 1e-3
+
+
 @pytest.mark.slow
 def test_backbone_is_frozen_and_outside_the_trainable_tree(setup):
   model, frozen, params, images = setup

@@ -2,8 +2,8 @@
 
   z = backbone(x)                                   [B, h, w, D]  frozen patch features
   s_k(ij) = -|z_ij - p_k|^2                          [B, K+1, h, w] (prototype K = background)
-  A = softmax((s + g) / tau) over k                  g ~ Gumbel in training only; eval is
-                                                     deterministic (PDiscoFormer keeps the noise)
+  A = softmax((s + g) / tau) over k                  g ~ Gumbel in training; at evaluation
+                                                     only with `evaluation_noise` (PDiscoFormer)
   v^k = (1/hw) sum_ij A_k(ij) z_ij                   [B, K+1, D]   (eq. 3)
   v_m^k = LN_shared(v^k)                             one LayerNorm for every part (EMBEDDING_NORMS)
   S[:, k] = W v_m^k + b                              [B, A, K]     foreground parts only (eq. 4)
@@ -81,6 +81,10 @@ class Stage1Head(nn.Module):
     part_dropout: the probability of dropping a whole foreground part embedding before the
       attribute head in training (the survivors scaled by 1/(1-p)). The paper is silent;
       PDiscoFormer drops parts with p = 0.3 (its released CUB configuration too).
+    evaluation_noise: Gumbel noise in the maps at evaluation too. The paper says only that the
+      maps come from "comparing patch features to learnable prototypes p^k, followed by a
+      Gumbel-Softmax operation"; PDiscoFormer's model adds the noise in eval mode as well.
+      False (the runs recorded so far): evaluation maps are the noise-free softmax.
   """
   num_parts: int
   num_attributes: int
@@ -88,10 +92,12 @@ class Stage1Head(nn.Module):
   norm_eps: float = 1e-5
   embedding_norm: str = "per_part"
   part_dropout: float = 0.0
+  evaluation_noise: bool = False
 
   @nn.compact
   def __call__(self, features: jnp.ndarray, *, train: bool) -> Dict[str, Any]:
-    """features: float [B, h, w, D] (frozen). With train=True the "gumbel" RNG stream is used."""
+    """features: float [B, h, w, D] (frozen). With train=True (or `evaluation_noise`) the
+    "gumbel" RNG stream is used."""
     features = features.astype(jnp.float32)
     batch, height, width, dim = features.shape
     groups = self.num_parts + 1
@@ -106,7 +112,7 @@ class Stage1Head(nn.Module):
     cross = jnp.einsum("bnd,kd->bnk", z, prototypes, precision=highest)
     logits = -(jnp.sum(z * z, -1, keepdims=True) - 2.0 * cross
                + jnp.sum(prototypes * prototypes, -1)[None, None, :])          # [B, N, K+1]
-    if train:
+    if train or self.evaluation_noise:
       logits_noisy = logits + jax.random.gumbel(self.make_rng("gumbel"), logits.shape)
     else:
       logits_noisy = logits
@@ -176,7 +182,9 @@ class Stage1:
     Args:
       params: trainable parameters (`init`); frozen: the backbone's parameters.
       images: float32 [B, H, W, 3], normalized with the backbone's mean/std.
-      train: Gumbel noise on (needs `rng`) or off (deterministic maps).
+      train: Gumbel noise on (needs `rng`) or off (deterministic maps, unless the head's
+        `evaluation_noise`: then `rng`, or a fixed key when none is given, so that an
+        evaluation is repeatable).
 
     Returns:
       maps [B, K+1, h, w] (sum to 1 over parts; background last), part_logits [B, K+1, h, w]
@@ -188,6 +196,8 @@ class Stage1:
       raise ValueError("Stage1.apply(train=True) needs rng for the Gumbel noise.")
     z = self.features(frozen, images)
     rngs = {"gumbel": rng, "dropout": jax.random.fold_in(rng, 1)} if train else {}
+    if not train and self.head.evaluation_noise:
+      rngs = {"gumbel": jax.random.PRNGKey(0) if rng is None else rng}
     return self.head.apply({"params": params}, z, train=train, rngs=rngs)
 
   def part_maps(self, params, frozen, images, *, train: bool, rng=None) -> jnp.ndarray:
@@ -205,5 +215,6 @@ def build(config, backbone: vit.VisionTransformer, num_attributes: int) -> Stage
   head = Stage1Head(num_parts=config.model.num_parts, num_attributes=num_attributes,
                     temperature=config.model.temperature,
                     embedding_norm=config.model.get("embedding_norm", "per_part"),
-                    part_dropout=float(config.model.get("part_dropout", 0.0)))
+                    part_dropout=float(config.model.get("part_dropout", 0.0)),
+                    evaluation_noise=bool(config.model.get("evaluation_noise", False)))
   return Stage1(backbone, head)
