@@ -328,6 +328,10 @@ def part_optimizer() -> ml_collections.ConfigDict:
   cosine annealing, global-norm clipping at 2, normalized weight decay 0.05. Groups are the
   models' `param_groups` names; "backbone" is Stage 2's trainable ViT.
 
+  PDiscoFormer's own rates, as a counterfactual: Adam without weight decay (weight_decay=0), the
+  rate halved every 4 of 28 epochs (schedule="step", step_halvings=7: the paper says "we
+  employed a cosine annealing schedule", so cosine stays the default).
+
   weight_decay, weight_decay_normalized: with weight_decay_normalized=True (the paper's
     "normalized weight decay", Loshchilov & Hutter) AdamW decays by
     weight_decay * sqrt(1 / total_steps), total_steps = iterations_per_epoch * epochs, the run's
@@ -341,6 +345,7 @@ def part_optimizer() -> ml_collections.ConfigDict:
       "base_batch_size": 64,
       "lr_scaling": "sqrt",
       "schedule": "cosine",
+      "step_halvings": 7,  # schedule "step" only
       "warmup_steps": 0,
       "weight_decay": 0.05,
       "weight_decay_normalized": True,

@@ -116,3 +116,14 @@ def test_one_step_with_zero_gradient_decays_exactly_the_masked_weights(model_and
       assert np.any(new[path] != value), jax.tree_util.keystr(path)
     else:
       np.testing.assert_array_equal(new[path], value, err_msg=jax.tree_util.keystr(path))
+
+
+def test_the_step_schedule_halves_the_rate_at_equal_intervals_and_unknown_ones_are_refused():
+  """PDiscoFormer's StepLR (halved every 4 of 28 epochs): 7 halvings over the run."""
+  rate = optimizer.schedule(1.0, 800, 0, "step", halvings=7)
+  np.testing.assert_allclose([float(rate(s)) for s in (0, 99, 100, 199, 200, 799)],
+                             [1.0, 1.0, 0.5, 0.5, 0.25, 0.5 ** 7])
+  warm = optimizer.schedule(1.0, 900, 100, "step", halvings=7)
+  np.testing.assert_allclose([float(warm(s)) for s in (50, 100, 199, 200)], [0.5, 1.0, 1.0, 0.5])
+  with pytest.raises(ValueError, match="schedule must be one of.*'linear'"):
+    optimizer.schedule(1.0, 10, 0, "linear")

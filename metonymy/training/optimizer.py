@@ -34,6 +34,9 @@ NO_DECAY_NAMES = frozenset({"prototypes", "cls_token", "register_tokens", "pos_e
 SCALING = ("sqrt", "linear", "none")
 
 
+SCHEDULES = ("cosine", "constant", "step")
+
+
 def scaled_rate(base: float, batch_size: int, base_batch_size: int, scaling: str) -> float:
   if scaling == "sqrt":
     return base * math.sqrt(batch_size / base_batch_size)
@@ -44,18 +47,28 @@ def scaled_rate(base: float, batch_size: int, base_batch_size: int, scaling: str
   raise ValueError(f"config.optimizer.lr_scaling must be one of {SCALING}, got {scaling!r}")
 
 
-def schedule(peak: float, total_steps: int, warmup_steps: int, kind: str) -> optax.Schedule:
-  """Linear warm-up (if any) to `peak`, then cosine annealing to 0 at `total_steps` (or constant)."""
+def schedule(peak: float, total_steps: int, warmup_steps: int, kind: str,
+             halvings: int = 7) -> optax.Schedule:
+  """Linear warm-up (if any) to `peak`, then one of SCHEDULES:
+    cosine     annealing to 0 at `total_steps` (the paper's "cosine annealing schedule");
+    constant   `peak` throughout;
+    step       halved `halvings` times, at equal intervals of the run (PDiscoFormer's
+               StepLR: the rate halved every 4 of its 28 epochs, 7 times)."""
   if kind == "cosine":
     if warmup_steps:
       return optax.warmup_cosine_decay_schedule(0.0, peak, warmup_steps, max(total_steps, 1))
     return optax.cosine_decay_schedule(peak, max(total_steps, 1))
   if kind == "constant":
-    if warmup_steps:
-      return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup_steps),
-                                   optax.constant_schedule(peak)], [warmup_steps])
-    return optax.constant_schedule(peak)
-  raise ValueError(f"config.optimizer.schedule must be 'cosine' or 'constant', got {kind!r}")
+    after = optax.constant_schedule(peak)
+  elif kind == "step":
+    interval = max(1, (max(total_steps, 1) - warmup_steps) // (halvings + 1))
+    after = optax.exponential_decay(peak, interval, 0.5, staircase=True)
+  else:
+    raise ValueError(f"config.optimizer.schedule must be one of {SCHEDULES}, got {kind!r}")
+  if warmup_steps:
+    return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup_steps), after],
+                                [warmup_steps])
+  return after
 
 
 def effective_weight_decay(opt_config, total_steps: int) -> float:
@@ -112,7 +125,8 @@ def make(opt_config, labels, total_steps: int,
   schedules, transforms = {}, {}
   for group in used:
     peak = scaled_rate(rates[group], batch_size, opt_config.base_batch_size, opt_config.lr_scaling)
-    schedules[group] = schedule(peak, total_steps, opt_config.warmup_steps, opt_config.schedule)
+    schedules[group] = schedule(peak, total_steps, opt_config.warmup_steps, opt_config.schedule,
+                                int(opt_config.get("step_halvings", 7)))
     transforms[group] = optax.adamw(schedules[group], b1=opt_config.b1, b2=opt_config.b2,
                                     eps=opt_config.eps, weight_decay=weight_decay,
                                     # A callable: multi_transform hands each group's AdamW the
