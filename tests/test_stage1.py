@@ -198,3 +198,31 @@ def test_stage1_head_options_joint_norm_and_part_dropout():
   with pytest.raises(ValueError, match="embedding_norm must be one of"):
     stage1_lib.Stage1Head(num_parts=3, num_attributes=5, embedding_norm="batch").init(
         jax.random.PRNGKey(1), features, train=False)
+
+
+def test_trained_tokens_join_the_trainable_tree_and_only_they_get_a_gradient(setup):
+  model, frozen, params, images = setup
+  config = ml_collections.ConfigDict({
+      "seed": 0, "backbone": config_lib.backbone("vit_tiny_test", image_size=SIZE),
+      "model": config_lib.stage1_model(num_parts=K, temperature=1.0)})
+  config.model.trained_tokens = True
+  tokened, _ = loading.build_model(config, A)
+  with pytest.raises(ValueError, match="needs the backbone's parameters"):
+    tokened.init(jax.random.PRNGKey(2), images)
+  tokened_params = tokened.init(jax.random.PRNGKey(2), images, frozen)
+  assert set(tokened_params["backbone_tokens"]) == {"cls_token", "pos_embed"} & set(frozen)
+  groups = tokened.param_groups(tokened_params)
+  assert set(jax.tree_util.tree_leaves(groups["backbone_tokens"])) == {"tokens"}
+  assert "tokens" in config_lib.part_optimizer().learning_rates
+  # Started from the backbone's own tokens: the same maps as the frozen model's.
+  np.testing.assert_allclose(tokened.apply(tokened_params, frozen, images, train=False)["maps"],
+                             model.apply(params, frozen, images, train=False)["maps"], atol=1e-6)
+  loss = lambda p, f: jnp.sum(tokened.apply(p, f, images, train=False)["logits"]["stage1"] ** 2)
+  grads = jax.grad(loss)(tokened_params, frozen)
+  assert float(jnp.abs(grads["backbone_tokens"]["pos_embed"]).max()) > 0.0
+  frozen_grads = jax.grad(loss, argnums=1)(tokened_params, frozen)
+  assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree_util.tree_leaves(frozen_grads))
+  # Without the option no gradient reaches the backbone at all.
+  plain_grads = jax.grad(lambda f: jnp.sum(model.apply(params, f, images, train=False)
+                                           ["logits"]["stage1"] ** 2))(frozen)
+  assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree_util.tree_leaves(plain_grads))

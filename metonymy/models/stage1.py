@@ -147,33 +147,57 @@ class Stage1Head(nn.Module):
     }
 
 
-class Stage1:
-  """Frozen backbone + `Stage1Head` (see the module docstring for the interface)."""
+# The backbone's token parameters that `trained_tokens` trains (when the backbone has them).
+TOKEN_PARAMS = ("cls_token", "register_tokens", "pos_embed")
 
-  def __init__(self, backbone: vit.VisionTransformer, head: Stage1Head):
+
+class Stage1:
+  """Frozen backbone + `Stage1Head` (see the module docstring for the interface).
+
+  trained_tokens: the backbone's CLS and register tokens and position table (TOKEN_PARAMS) join
+    the trainable tree as "backbone_tokens", its optimizer group "tokens", starting from the
+    backbone's values; every other backbone weight stays frozen. The paper: "the pretrained ViT
+    backbone was kept strictly frozen. We only updated the randomly initialized layers", so the
+    default is False; PDiscoFormer with --freeze_backbone still trains these tokens (at ~1e-6).
+  """
+
+  def __init__(self, backbone: vit.VisionTransformer, head: Stage1Head,
+               trained_tokens: bool = False):
     self.backbone = backbone
     self.head = head
+    self.trained_tokens = trained_tokens
 
   @property
   def num_parts(self) -> int:
     return self.head.num_parts
 
-  def features(self, frozen, images: jnp.ndarray) -> jnp.ndarray:
-    """Patch features z [B, h, w, D] of normalized images [B, H, W, 3]; no gradient flows back."""
-    tokens = self.backbone.apply({"params": frozen}, images)["patch_tokens"]
+  def features(self, frozen, images: jnp.ndarray, tokens=None) -> jnp.ndarray:
+    """Patch features z [B, h, w, D] of normalized images [B, H, W, 3]. No gradient flows back,
+    except to `tokens` (the trained token parameters, `trained_tokens`) when given."""
+    if tokens is None:
+      frozen = jax.lax.stop_gradient(frozen)
+    else:
+      frozen = {**jax.lax.stop_gradient(frozen), **tokens}
+    patch_tokens = self.backbone.apply({"params": frozen}, images)["patch_tokens"]
     height, width = self.backbone.patch_grid(images.shape)
-    z = tokens.reshape(tokens.shape[0], height, width, tokens.shape[-1])
-    return jax.lax.stop_gradient(z)
+    z = patch_tokens.reshape(patch_tokens.shape[0], height, width, patch_tokens.shape[-1])
+    return z if tokens is not None else jax.lax.stop_gradient(z)
 
   def init(self, rng: jax.Array, images: jnp.ndarray, frozen=None):
     """Trainable parameters for images like `images` (only their shape is used). `frozen` (the
     backbone's parameters) is part of the interface so that a model can initialize trainable
     weights from them (Stage 2's ViT starts as a copy); Stage 1 does not need it."""
-    del frozen
     cfg = self.backbone.config
     height, width = self.backbone.patch_grid(images.shape)
     z = jnp.zeros((1, height, width, cfg.width), jnp.float32)
-    return self.head.init(rng, z, train=False)["params"]
+    params = self.head.init(rng, z, train=False)["params"]
+    if self.trained_tokens:
+      if frozen is None:
+        raise ValueError("Stage1.init with trained_tokens needs the backbone's parameters "
+                         "(`frozen`) to start the tokens from.")
+      params = {**params, "backbone_tokens": {k: jnp.array(frozen[k]) for k in TOKEN_PARAMS
+                                              if k in frozen}}
+    return params
 
   def apply(self, params, frozen, images: jnp.ndarray, *, train: bool,
             rng: Optional[jax.Array] = None) -> Dict[str, Any]:
@@ -194,20 +218,24 @@ class Stage1:
     """
     if train and rng is None:
       raise ValueError("Stage1.apply(train=True) needs rng for the Gumbel noise.")
-    z = self.features(frozen, images)
+    tokens = params.get("backbone_tokens")
+    head_params = {k: v for k, v in params.items() if k != "backbone_tokens"}
+    z = self.features(frozen, images, tokens)
     rngs = {"gumbel": rng, "dropout": jax.random.fold_in(rng, 1)} if train else {}
     if not train and self.head.evaluation_noise:
       rngs = {"gumbel": jax.random.PRNGKey(0) if rng is None else rng}
-    return self.head.apply({"params": params}, z, train=train, rngs=rngs)
+    return self.head.apply({"params": head_params}, z, train=train, rngs=rngs)
 
   def part_maps(self, params, frozen, images, *, train: bool, rng=None) -> jnp.ndarray:
     return self.apply(params, frozen, images, train=train, rng=rng)["maps"]
 
   def param_groups(self, params):
     """Optimizer group per leaf: "prototypes" for the prototypes, "heads" for the shared
-    LayerNorm and the attribute head (paper Appendix A: 1e-3 and 1e-2 at batch 64)."""
-    return {name: jax.tree_util.tree_map(lambda _: "prototypes" if name == "prototypes" else "heads",
-                                         sub) for name, sub in params.items()}
+    LayerNorm and the attribute head (paper Appendix A: 1e-3 and 1e-2 at batch 64), "tokens"
+    for the trained backbone tokens (`trained_tokens`)."""
+    group = {"prototypes": "prototypes", "backbone_tokens": "tokens"}
+    return {name: jax.tree_util.tree_map(lambda _, g=group.get(name, "heads"): g, sub)
+            for name, sub in params.items()}
 
 
 def build(config, backbone: vit.VisionTransformer, num_attributes: int) -> Stage1:
@@ -217,4 +245,4 @@ def build(config, backbone: vit.VisionTransformer, num_attributes: int) -> Stage
                     embedding_norm=config.model.get("embedding_norm", "per_part"),
                     part_dropout=float(config.model.get("part_dropout", 0.0)),
                     evaluation_noise=bool(config.model.get("evaluation_noise", False)))
-  return Stage1(backbone, head)
+  return Stage1(backbone, head, bool(config.model.get("trained_tokens", False)))
