@@ -2,7 +2,7 @@
 STE and soft part discovery, run seeds paired, on one world and one stand-in backbone.
 
   python -m metonymy.main --config=configs/synthetic_table3.py --workdir=DIR \
-      [--config.world.seed=N] [--config.readme=README.md]       # <= 90 min on 2 CPU cores
+      [--config.world.seed=N] [--config.readme=README.md]  # its README block gives the time
   python -m metonymy.main --config=configs/synthetic_table3.py:small --workdir=DIR   # minutes
 
 Every variant is the same training run but for `model` (configs/synthetic_single.py and

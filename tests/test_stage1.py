@@ -71,6 +71,15 @@ def test_one_layer_norm_shared_by_all_parts(setup):
   np.testing.assert_allclose(out["modulated_embeddings"], expected, rtol=1e-4, atol=1e-4)
 
 
+def _model_with(**model_options):
+  """Stage 1 as the fixture's, with `model_options` set in its model block."""
+  config = ml_collections.ConfigDict({
+      "seed": 0, "backbone": config_lib.backbone("vit_tiny_test", image_size=SIZE),
+      "model": config_lib.stage1_model(num_parts=K, temperature=1.0)})
+  config.model.update(model_options)
+  return loading.build_model(config, A)[0]
+
+
 def test_gumbel_noise_only_in_training(setup):
   model, frozen, params, images = setup
   a = model.apply(params, frozen, images, train=False)["maps"]
@@ -85,11 +94,7 @@ def test_gumbel_noise_only_in_training(setup):
 
 def test_evaluation_noise_keeps_the_gumbel_noise_in_evaluation_maps_and_repeats_itself(setup):
   model, frozen, params, images = setup
-  config = ml_collections.ConfigDict({
-      "seed": 0, "backbone": config_lib.backbone("vit_tiny_test", image_size=SIZE),
-      "model": config_lib.stage1_model(num_parts=K, temperature=1.0)})
-  config.model.evaluation_noise = True
-  noisy_model, _ = loading.build_model(config, A)
+  noisy_model = _model_with(evaluation_noise=True)
   clean = model.apply(params, frozen, images, train=False)["maps"]
   first = noisy_model.apply(params, frozen, images, train=False)["maps"]
   again = noisy_model.apply(params, frozen, images, train=False)["maps"]
@@ -202,11 +207,7 @@ def test_stage1_head_options_joint_norm_and_part_dropout():
 
 def test_trained_tokens_join_the_trainable_tree_and_only_they_get_a_gradient(setup):
   model, frozen, params, images = setup
-  config = ml_collections.ConfigDict({
-      "seed": 0, "backbone": config_lib.backbone("vit_tiny_test", image_size=SIZE),
-      "model": config_lib.stage1_model(num_parts=K, temperature=1.0)})
-  config.model.trained_tokens = True
-  tokened, _ = loading.build_model(config, A)
+  tokened = _model_with(trained_tokens=True)
   with pytest.raises(ValueError, match="needs the backbone's parameters"):
     tokened.init(jax.random.PRNGKey(2), images)
   tokened_params = tokened.init(jax.random.PRNGKey(2), images, frozen)

@@ -394,33 +394,45 @@ def objective(model, recipe: Recipe, params: Dict, teacher: Optional[Dict],
   return loss, aux
 
 
+def _cross_view_pairs(recipe: Recipe, global_student: jnp.ndarray, teacher: jnp.ndarray,
+                      seen: Dict[str, jnp.ndarray], batch: int, patch: int,
+                      local_student: Optional[jnp.ndarray], term) -> jnp.ndarray:
+  """term(student [B, n, X], teacher [B, N, Y], index [B, n], inside [B, n] float) averaged over
+  every pair of a student view (global [2B, N, X], local [L B, n, X] or None) and a teacher
+  global view [2B, N, Y] other than itself; index / inside: `corresponding_tokens`."""
+  grid = seen["global"].shape[2] // patch
+  teacher = teacher.reshape((2, batch) + teacher.shape[1:])
+  students = [(global_student.reshape((2, batch) + global_student.shape[1:]),
+               seen["global_boxes"], grid, True)]
+  if local_student is not None:
+    students.append((local_student.reshape((recipe.local_crops, batch)
+                                           + local_student.shape[1:]),
+                     seen["local_boxes"], seen["local"].shape[2] // patch, False))
+  total, pairs = 0.0, 0
+  for views_of, boxes, student_grid, is_global in students:
+    for v in range(views_of.shape[0]):
+      for t in range(2):
+        if is_global and v == t:
+          continue
+        index, inside = corresponding_tokens(boxes[v], student_grid, seen["global_boxes"][t],
+                                             grid)
+        total += term(views_of[v], teacher[t], index, inside.astype(views_of.dtype))
+        pairs += 1
+  return total / pairs
+
+
 def _cross_view_patch_loss(recipe: Recipe, global_scores: jnp.ndarray,
                            teacher_probs: jnp.ndarray, seen: Dict[str, jnp.ndarray], batch: int,
                            patch: int, local_scores: Optional[jnp.ndarray]) -> jnp.ndarray:
   """Every student view's patch scores against the other global view's teacher distribution at
   the same image point, over the points both views see; averaged over the view pairs.
   global_scores [2B, N, P], teacher_probs [2B, N, P], local_scores [L B, n, P] or None."""
-  grid = seen["global"].shape[2] // patch
-  teacher_probs = teacher_probs.reshape((2, batch) + teacher_probs.shape[1:])
-  students = [(global_scores.reshape((2, batch) + global_scores.shape[1:]), seen["global_boxes"],
-               grid, True)]
-  if local_scores is not None:
-    students.append((local_scores.reshape((recipe.local_crops, batch) + local_scores.shape[1:]),
-                     seen["local_boxes"], seen["local"].shape[2] // patch, False))
-  total, pairs = 0.0, 0
-  for scores, boxes, student_grid, is_global in students:
-    for v in range(scores.shape[0]):
-      for t in range(2):
-        if is_global and v == t:
-          continue
-        index, inside = corresponding_tokens(boxes[v], student_grid, seen["global_boxes"][t],
-                                             grid)
-        target = jnp.take_along_axis(teacher_probs[t], index[..., None], axis=1)
-        weights = inside / jnp.maximum(jnp.sum(inside, 1, keepdims=True), 1)
-        total += distillation_loss(scores[v], target, recipe.student_temperature,
-                                   weights.astype(scores.dtype))
-        pairs += 1
-  return total / pairs
+  def term(scores, probs, index, inside):
+    target = jnp.take_along_axis(probs, index[..., None], axis=1)
+    weights = inside / jnp.maximum(jnp.sum(inside, 1, keepdims=True), 1)
+    return distillation_loss(scores, target, recipe.student_temperature, weights)
+  return _cross_view_pairs(recipe, global_scores, teacher_probs, seen, batch, patch,
+                           local_scores, term)
 
 
 def _dense_term(recipe: Recipe, global_tokens: jnp.ndarray, teacher_tokens: jnp.ndarray,
@@ -428,25 +440,10 @@ def _dense_term(recipe: Recipe, global_tokens: jnp.ndarray, teacher_tokens: jnp.
                 local_tokens: Optional[jnp.ndarray]) -> jnp.ndarray:
   """`dense_loss` of every student view (global [2B, N, D], local [L B, n, D] or None) against
   the teacher's tokens [2B, N, D] of each other global view, averaged over the view pairs."""
-  grid = seen["global"].shape[2] // patch
-  teacher_tokens = teacher_tokens.reshape((2, batch) + teacher_tokens.shape[1:])
-  students = [(global_tokens.reshape((2, batch) + global_tokens.shape[1:]), seen["global_boxes"],
-               grid, True)]
-  if local_tokens is not None:
-    students.append((local_tokens.reshape((recipe.local_crops, batch) + local_tokens.shape[1:]),
-                     seen["local_boxes"], seen["local"].shape[2] // patch, False))
-  total, pairs = 0.0, 0
-  for tokens, boxes, student_grid, is_global in students:
-    for v in range(tokens.shape[0]):
-      for t in range(2):
-        if is_global and v == t:
-          continue
-        index, inside = corresponding_tokens(boxes[v], student_grid, seen["global_boxes"][t],
-                                             grid)
-        total += dense_loss(tokens[v], teacher_tokens[t], index, inside.astype(tokens.dtype),
-                            recipe.dense_temperature, recipe.dense_target_temperature)
-        pairs += 1
-  return total / pairs
+  term = lambda tokens, teacher, index, inside: dense_loss(
+      tokens, teacher, index, inside, recipe.dense_temperature, recipe.dense_target_temperature)
+  return _cross_view_pairs(recipe, global_tokens, teacher_tokens, seen, batch, patch,
+                           local_tokens, term)
 
 
 def updated_centers(center: Dict[str, jnp.ndarray], teacher_scores: Dict[str, jnp.ndarray],
