@@ -43,13 +43,16 @@ def protocol(config, training) -> Dict:
   per_epoch = pipeline.num_batches(examples, int(data.batch_size), train=True, shard_count=1)
   steps = int(training.trainer.num_steps) or int(training.trainer.num_epochs) * per_epoch
   opt = training.optimizer
+  # Stage 1's backbone tokens have a rate only where they train (model.trained_tokens).
+  groups = {g: lr for g, lr in opt.learning_rates.items()
+            if g != "tokens" or training.model.get("trained_tokens", False)}
   rates = {g: optimizer.scaled_rate(float(lr), int(data.batch_size), int(opt.base_batch_size),
                                     opt.lr_scaling)
-           for g, lr in opt.learning_rates.items()}
+           for g, lr in groups.items()}
   return {"epochs": int(training.trainer.num_epochs) if not training.trainer.num_steps else None,
           "train_examples": examples, "batch_size": int(data.batch_size),
           "steps_per_epoch": per_epoch, "steps": steps, "base_learning_rates":
-          dict(opt.learning_rates), "learning_rates": rates, "schedule": opt.schedule,
+          groups, "learning_rates": rates, "schedule": opt.schedule,
           "loss_weights": dict(training.loss.weights), "eval_split": data.eval_split,
           "eval_examples": int(data.eval_examples), "image_size": int(data.image_size),
           "term_gradient_batches": int(training.trainer.get("term_gradient_batches", 0))}
