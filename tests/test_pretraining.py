@@ -94,9 +94,9 @@ def test_short_pretraining_learns_above_chance(tmp_path):
 @pytest.mark.slow
 def test_a_short_dense_pretraining_lowers_its_loss_and_brings_out_the_parts():
   """On a small v3-like world (parts marked by their tone), 300 steps of the dense term (the
-  shipped soft target) raise the last block's k-means NMI over the foreground tokens well above
-  a random init's; pairs that ignore the crops' geometry leave it below (measured, run seeds
-  0 / 1 / 2: 7.9 -> 16.3, 9.7 -> 15.6, 10.5 -> 15.1; 0.8 with such pairs)."""
+  shipped hard target) raise the last block's k-means NMI over the foreground tokens well above
+  a random init's; pairs that ignore the crops' geometry leave it below (measured: 7.9 -> 13.7;
+  1.7 with such pairs)."""
   from metonymy.data import synthetic
   from metonymy.data import transforms
   from metonymy.evaluation import token_geometry
@@ -118,8 +118,7 @@ def test_a_short_dense_pretraining_lowers_its_loss_and_brings_out_the_parts():
       model, params, synthetic.make_source(None, "train", world), standard, steps=300,
       batch_size=16, learning_rate=2e-3, weight_decay=0.04, images=512, progress=False,
       objective="self_supervised", self_supervised_options=dict(
-          dino=0.0, ibot=0.0, koleo=0.0, dense=1.0, dense_target_temperature=0.1,
-          local_crops=0, brightness=0.35))
+          dino=0.0, ibot=0.0, koleo=0.0, dense=1.0, local_crops=0, brightness=0.35))
   assert trained.loss_history[-1][1] < 0.8 * trained.loss_history[0][1]
   before, after = nmi(params), nmi(trained.params)
   assert after > before + 3.0, (before, after)
@@ -386,19 +385,20 @@ def test_the_self_supervised_stand_in_is_its_own_recipe_and_is_measured_without_
   assert "stand_in_objective=self_supervised" in stand_in.stand_in_command(config, config.world)
   vit_config, trained, record = stand_in.pretrain_stand_in(config, config.world,
                                                            str(tmp_path / "state"))
-  # The shipped recipe combines the dense term with the attribute losses: their heads come back
-  # and are measured with the frozen CLS probe beside them.
-  assert set(trained.heads) == set(pretrain.HEADS) and len(trained.loss_history) == 2
+  # The shipped recipe is the dense term alone: no attribute heads, the CLS probe measures the
+  # CLS token.
+  assert trained.heads == {} and len(trained.loss_history) == 2
   quality = stand_in.stand_in_quality(config, config.world, vit_config, trained.params,
                                       trained.heads)
-  assert "cls/mAP" in quality
+  assert "cls/mAP" not in quality
   assert 0.0 < quality["cls_probe/chance"] < 1.0 and "kmeans_fg/NMI/block2" in quality
-  # Without the attribute term, no heads: the CLS probe alone measures the CLS token.
-  config.backbone_pretraining.self_supervised.attributes = 0.0
+  # With the attribute term its heads come back and are measured beside the probe.
+  config.backbone_pretraining.self_supervised.attributes = 1.0
   _, trained, _ = stand_in.pretrain_stand_in(config, config.world, str(tmp_path / "state2"))
-  assert trained.heads == {}
-  quality = stand_in.stand_in_quality(config, config.world, vit_config, trained.params, {})
-  assert "cls/mAP" not in quality and "cls_probe/mAP" in quality
+  assert set(trained.heads) == set(pretrain.HEADS)
+  quality = stand_in.stand_in_quality(config, config.world, vit_config, trained.params,
+                                      trained.heads)
+  assert "cls/mAP" in quality and "cls_probe/mAP" in quality
   with pytest.raises(ValueError, match="world v1 has no self-supervised stand-in"):
     config_lib.load_sibling_config(CONFIG_FILE, "demo", "tiny,world=v1,"
                                    "stand_in_objective=self_supervised")
