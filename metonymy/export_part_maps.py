@@ -31,13 +31,22 @@ from metonymy import config_lib
 from metonymy import console
 from metonymy.workdir import as_path
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "A leakage-benchmark config (configs/probe_*.py): the data and the backbone "
-    "whose evaluation crop the maps are aligned to.", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "The trained part-discovery run (local or gs://).")
-_SPLIT = flags.DEFINE_string("split", "test", "The split to export.")
-_OUTPUT = flags.DEFINE_string("output", None, ".npy or .npz to write; {split} -> the split.")
-_BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Images per forward pass.")
+
+
+def _define_flags():
+  """The command's flags, defined when it runs as a command: absl's flags are global, and
+  `metonymy.main` (imported beside this module, e.g. in one test process) defines --config too."""
+  return {
+      "config": config_flags.DEFINE_config_file(
+          "config", None, "A leakage-benchmark config (configs/probe_*.py): the data and the "
+          "backbone whose evaluation crop the maps are aligned to.", lock_config=True),
+      "workdir": flags.DEFINE_string("workdir", None,
+                                     "The trained part-discovery run (local or gs://)."),
+      "split": flags.DEFINE_string("split", "test", "The split to export."),
+      "output": flags.DEFINE_string("output", None,
+                                    ".npy or .npz to write; {split} -> the split."),
+      "batch_size": flags.DEFINE_integer("batch_size", 32, "Images per forward pass."),
+  }
 
 
 def export(config, workdir, split: str, output: str, batch_size: int = 32) -> str:
@@ -83,14 +92,16 @@ def export(config, workdir, split: str, output: str, batch_size: int = 32) -> st
   return path
 
 
-def main(argv):
+def main(argv, defined):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  for name, flag in (("config", _CONFIG), ("workdir", _WORKDIR), ("output", _OUTPUT)):
-    if flag.value is None:
+  for name in ("config", "workdir", "output"):
+    if defined[name].value is None:
       raise app.UsageError(f"--{name} is required.")
+  value = {name: flag.value for name, flag in defined.items()}
   try:
-    export(_CONFIG.value, _WORKDIR.value, _SPLIT.value, _OUTPUT.value, _BATCH_SIZE.value)
+    export(value["config"], value["workdir"], value["split"], value["output"],
+           value["batch_size"])
   except (FileNotFoundError, ValueError) as e:
     sys.exit(f"error: {e}")
 
@@ -100,7 +111,8 @@ def run():
     config_lib.check_overrides(sys.argv[1:])  # Unknown --config.x keys: one line, named.
   except (FileNotFoundError, ValueError) as e:
     sys.exit(f"error: {e}")
-  app.run(main)
+  defined = _define_flags()
+  app.run(lambda argv: main(argv, defined))
 
 
 if __name__ == "__main__":

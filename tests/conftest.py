@@ -14,8 +14,8 @@ if ROOT not in sys.path:
 # Parity tests compare float32 against PyTorch: on GPUs JAX would otherwise use TF32 matmuls.
 import jax  # noqa: E402
 
-from tests import compile_cache  # noqa: E402
-from tests import shared_runs  # noqa: E402
+from tests.helpers import compile_cache  # noqa: E402
+from tests.helpers import shared_runs  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 # The persistent compilation cache in this process and in every process a test starts (the
@@ -29,7 +29,7 @@ os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS"),
 
 
 # ------------------------------------------------------------------------------------------------
-# Shared runs (tests/shared_runs.py): made once per pytest command. Under `-n 2` each xdist
+# Shared runs (tests/helpers/shared_runs.py): made once per pytest command. Under `-n 2` each xdist
 # worker has its own session, so the first worker to need a run makes it, under a file lock in
 # the folder the workers share, and the other reads it from there.
 

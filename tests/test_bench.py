@@ -13,7 +13,7 @@ from metonymy.bench import suite
 from metonymy.bench import tables
 from metonymy.bench import two_stage
 from metonymy.models import vit
-from tests import compile_cache
+from tests.helpers import compile_cache
 
 compile_cache.enable()
 

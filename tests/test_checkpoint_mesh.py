@@ -22,7 +22,7 @@ import pytest
 from etils import epath
 
 from metonymy.training import run_state
-from tests import compile_cache
+from tests.helpers import compile_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIN_SIZE = 64  # config.mesh.fsdp_min_size for both tests: small arrays get split too.

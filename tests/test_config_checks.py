@@ -9,7 +9,7 @@ import pytest
 
 from metonymy import config_checks
 from metonymy import config_lib
-from tests import compile_cache
+from tests.helpers import compile_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -22,7 +22,7 @@ from metonymy.probe import explore
 from metonymy.runs import references
 from metonymy.runs import stand_in
 from metonymy.runs import subjobs
-from tests import shared_runs
+from tests.helpers import shared_runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_FILE = os.path.join(ROOT, "configs", "demo.py")
@@ -238,7 +238,7 @@ def test_early_part_feature_ignores_pixels_outside_the_part():
   assert np.abs(before["late"][:, 1] - after["late"][:, 1]).max() > 1e-4
 
 
-# The tiny story run: tiny_demo_run (tests/shared_runs.py), shared with
+# The tiny story run: tiny_demo_run (tests/helpers/shared_runs.py), shared with
 # tests/test_workdir_records.py.
 RUN_SEED = shared_runs.TINY_DEMO_SEED  # not the default 0: the sub-jobs must be given the run seed
 

@@ -19,7 +19,7 @@ PROBE_CONFIG = os.path.join(ROOT, "configs", "probe_synthetic.py")
 
 @pytest.fixture
 def trained(trained_four_steps_run):
-  """A finished 4-step training run (tests/shared_runs.py, shared with tests/test_faults.py)."""
+  """A finished 4-step training run (tests/helpers/shared_runs.py, shared with tests/test_faults.py)."""
   return trained_four_steps_run.workdir
 
 

@@ -18,8 +18,8 @@ import pytest
 from metonymy.training import trainer
 from metonymy.training import run_state
 from metonymy.workdir import layout as workdir_layout
-from tests import compile_cache
-from tests import shared_runs
+from tests.helpers import compile_cache
+from tests.helpers import shared_runs
 
 compile_cache.enable()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,7 +60,7 @@ def _steps(workdir):
 
 
 def _copy(run, tmp_path):
-  """Its own copy of a shared finished run (tests/shared_runs.py), to break or continue."""
+  """Its own copy of a shared finished run (tests/helpers/shared_runs.py), to break or continue."""
   workdir = str(tmp_path / "run")
   shutil.copytree(run.workdir, workdir)
   return workdir

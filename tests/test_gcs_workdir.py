@@ -1,4 +1,4 @@
-"""A gs:// workdir against a real GCS API (gcp-storage-emulator on 127.0.0.1, tests/gcs_emulator.py),
+"""A gs:// workdir against a real GCS API (gcp-storage-emulator on 127.0.0.1, tests/helpers/gcs_emulator.py),
 as a TPU-pod user runs it: `python -m metonymy.main ... --workdir=gs://bucket/run` trains,
 checkpoints, is killed, resumes and ends bit for bit where an uninterrupted run ends; the probe
 reads that run's part masks from gs://; --print_config and a busy workdir's refusal. No local
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from metonymy.workdir import Workdir
-from tests import gcs_emulator
+from tests.helpers import gcs_emulator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 120  # Long enough for the kill to land between two checkpoints.

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests import torch_reference as ref
+from tests.helpers import torch_reference as ref
 
 torch = ref.torch
 transformers = pytest.importorskip("transformers")

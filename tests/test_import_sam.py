@@ -24,7 +24,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests import torch_reference as ref
+from tests.helpers import torch_reference as ref
 
 torch = ref.torch
 F = torch.nn.functional

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests import torch_reference as ref
+from tests.helpers import torch_reference as ref
 
 torch = ref.torch
 timm = pytest.importorskip("timm")

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests import compile_cache
+from tests.helpers import compile_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 6

@@ -11,7 +11,7 @@ import pytest
 from metonymy import config_lib
 from metonymy import loading
 from metonymy.training import objective
-from tests import compile_cache
+from tests.helpers import compile_cache
 
 compile_cache.enable()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -21,14 +21,14 @@ from metonymy.training import trainer
 from metonymy.training import run_state
 from metonymy.training import preemption
 from metonymy.training import sharding
-from tests import compile_cache
-from tests import shared_runs
+from tests.helpers import compile_cache
+from tests.helpers import shared_runs
 from tests import test_faults
 
 compile_cache.enable()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Subprocess runs: ~40 steps/s on one loaded core, so a signal lands mid-run; the uninterrupted
-# run they end at is shared with tests/test_faults.py (tests/shared_runs.py).
+# run they end at is shared with tests/test_faults.py (tests/helpers/shared_runs.py).
 STEPS = shared_runs.SYNTHETIC_SINGLE_STEPS
 
 

@@ -12,7 +12,7 @@ from metonymy import loading
 from metonymy.training import inputs
 from metonymy.training import prototype_init
 from metonymy.training import trainer
-from tests import compile_cache
+from tests.helpers import compile_cache
 from tests import test_train
 
 compile_cache.enable()

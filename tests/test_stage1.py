@@ -12,7 +12,7 @@ from metonymy import config_lib
 from metonymy import loading
 from metonymy.models import part_model
 from metonymy.training import objective
-from tests import compile_cache
+from tests.helpers import compile_cache
 
 compile_cache.enable()
 K, A, SIZE = 3, 5, 32

@@ -25,7 +25,7 @@ from metonymy.table3 import stats
 from metonymy.runs import workers
 from metonymy.table3 import variants
 from metonymy.workdir import Workdir
-from tests import compile_cache
+from tests.helpers import compile_cache
 
 compile_cache.enable()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -196,7 +196,7 @@ def test_figure_legend_numbers_discovered_parts_from_1():
   assert "discovered parts 1..5" in title and "1 head, 2 body, 3 wing, 4 tail, 5 legs" in title
 
 
-# The small job: small_table3_run (tests/shared_runs.py), shared with
+# The small job: small_table3_run (tests/helpers/shared_runs.py), shared with
 # tests/test_workdir_records.py.
 
 

@@ -22,8 +22,8 @@ from metonymy.training import losses
 from metonymy.training import trainer
 from metonymy.training import run_state
 from metonymy.training import sharding
-from tests import compile_cache
-from tests import shared_runs
+from tests.helpers import compile_cache
+from tests.helpers import shared_runs
 
 compile_cache.enable()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,7 +68,7 @@ def _params(workdir, step=None):
 @pytest.fixture
 def reference(train_reference_run):
   """An uninterrupted STEPS-step run's workdir and its last evaluation (made once per pytest
-  command: tests/shared_runs.py)."""
+  command: tests/helpers/shared_runs.py)."""
   return train_reference_run.workdir, train_reference_run.scalars
 
 
@@ -344,7 +344,7 @@ def test_eight_devices_give_the_one_device_trajectory(reference, tmp_path):
 
 @pytest.mark.slow
 def test_main_command_runs_end_to_end(synthetic_single_run):
-  """`python -m metonymy.main --config=configs/synthetic_single.py:runlocal` (tests/shared_runs.py
+  """`python -m metonymy.main --config=configs/synthetic_single.py:runlocal` (tests/helpers/shared_runs.py
   runs it once for the suite) trains, evaluates, reports progress and writes its files."""
   output, steps = synthetic_single_run.output, shared_runs.SYNTHETIC_SINGLE_STEPS
   assert f"step {steps}/{steps}" in output and f"eval @ {steps}" in output, output[-3000:]

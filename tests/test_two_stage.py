@@ -23,7 +23,7 @@ from metonymy.models import two_stage
 from metonymy.models import vit
 from metonymy.training import run_state
 from metonymy.training import sharding
-from tests import compile_cache
+from tests.helpers import compile_cache
 
 compile_cache.enable()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -273,7 +273,7 @@ def test_a_model_block_without_the_later_stage2_options_builds_with_their_defaul
 
 @pytest.mark.slow
 def test_training_steps_match_on_one_and_eight_devices(tmp_path, two_stage_one_device_run):
-  # The one-device runs: tests/shared_runs.py (the benchmark test below reads one too).
+  # The one-device runs: tests/helpers/shared_runs.py (the benchmark test below reads one too).
   one = {mask: _step_losses(os.path.join(two_stage_one_device_run.workdir, mask))
          for mask in ("soft", "hard", "ste")}
   env = compile_cache.process_env(8)

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from metonymy.workdir import claim as workdir_claim
-from tests import compile_cache
+from tests.helpers import compile_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -96,7 +96,7 @@ def test_main_refuses_a_locked_workdir_at_once(tmp_path):
 @pytest.mark.slow
 def test_main_refuses_another_configs_workdir_and_keeps_its_files(tmp_path,
                                                                   synthetic_single_run):
-  # A finished synthetic_single.py:runlocal workdir (tests/shared_runs.py), copied: were the
+  # A finished synthetic_single.py:runlocal workdir (tests/helpers/shared_runs.py), copied: were the
   # refusal to write, it would write into the copy.
   workdir = tmp_path / "single"
   shutil.copytree(synthetic_single_run.workdir, workdir)

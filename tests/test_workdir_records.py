@@ -6,7 +6,7 @@ trained sub-run loads (`loading.load_trained_part_model`), the probe reads one's
 workdir names where it was written (the old location, the staging folder).
 
 One run per fixture, shared by the assertions: the runs are the expensive part. The moved runs
-are tests/test_demo.py's and tests/test_table3.py's (tests/shared_runs.py: each is written in
+are tests/test_demo.py's and tests/test_table3.py's (tests/helpers/shared_runs.py: each is written in
 one folder and moved to another before any test reads it).
 """
 
@@ -66,13 +66,13 @@ def _files_naming(path, *texts):
 
 @pytest.fixture
 def moved_demo(tiny_demo_run):
-  """The tiny demo run (tests/shared_runs.py), written in one folder and moved: (new, old)."""
+  """The tiny demo run (tests/helpers/shared_runs.py), written in one folder and moved: (new, old)."""
   return tiny_demo_run.workdir, tiny_demo_run.written
 
 
 @pytest.fixture
 def moved_table3(small_table3_run):
-  """The small Table-3 job (tests/shared_runs.py), written in one folder and moved: (new, old)."""
+  """The small Table-3 job (tests/helpers/shared_runs.py), written in one folder and moved: (new, old)."""
   return small_table3_run.workdir, small_table3_run.written
 
 
@@ -80,7 +80,7 @@ def moved_table3(small_table3_run):
 def gs_demo(tmp_path_factory):
   pytest.importorskip("gcp_storage_emulator")
   pytest.importorskip("gcsfs")
-  from tests import gcs_emulator
+  from tests.helpers import gcs_emulator
   with gcs_emulator.serving("records") as env:
     url = "gs://records/demo"
     _main([f"--config={ROOT}/configs/demo.py:tiny", f"--workdir={url}"],

@@ -22,7 +22,7 @@ from typing import Callable, Dict
 
 from metonymy import readme_blocks
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEMO_CONFIG = os.path.join(ROOT, "configs", "demo.py")
 TABLE3_CONFIG = os.path.join(ROOT, "configs", "synthetic_table3.py")
 # The uninterrupted synthetic run's steps: enough for a signal or a kill to land mid-run.
