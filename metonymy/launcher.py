@@ -33,11 +33,12 @@ JOBS = {
     "train": "metonymy.training.trainer",  # Part discovery (Stage 1, two-stage) training.
     "demo": "metonymy.demo",  # The end-to-end story on the synthetic world.
     "table3": "metonymy.table3",  # Single- vs two-stage part discovery, paired run seeds.
+    "world_check": "metonymy.world_check",  # Does a synthetic world host the claims it tests?
 }
 # Jobs that run on one host: the leakage benchmark's probes and reports are single-host work
 # (the feature extraction uses that host's devices). Started as several processes they would
 # repeat the same work and race on the same files, so they refuse.
-SINGLE_PROCESS_JOBS = ("probe", "demo", "table3")
+SINGLE_PROCESS_JOBS = ("probe", "demo", "table3", "world_check")
 # Jobs whose outputs (figures, caches, sub-runs) are written as local files: on an object-store
 # workdir (gs://) they run in a local copy that is copied back when they end. Training writes
 # to any workdir directly, from every host.

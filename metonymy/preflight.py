@@ -70,6 +70,19 @@ def _probe_backbone_problems(config) -> List[str]:
   return found
 
 
+def _world_check_problems(config, files) -> List[str]:
+  """The world check's own refusals: the split it measures and the backbone it is given."""
+  found = []
+  options = config.world_check
+  if options.split == "test":
+    found.append("config.world_check.split='test': a world is checked on val; test is for "
+                 "results only")
+  if options.backbone and not as_path(files.resolve(options.backbone)).exists():
+    found.append(f"config.world_check.backbone={options.backbone!r} does not exist (a converted "
+                 f"backbone folder; '' takes the world's shipped stand-in)")
+  return found
+
+
 def problems(config, workdir) -> List[str]:
   """Every missing input of `config` run in `workdir`, one message each (empty: it can start)."""
   files = Workdir(workdir)
@@ -81,6 +94,8 @@ def problems(config, workdir) -> List[str]:
                    f"set it to '' for a random-init backbone)")
   if config.get("job") == "probe":
     found += _probe_backbone_problems(config)
+  if config.get("job") == "world_check":
+    found += _world_check_problems(config, files)
   data_config = config.get("data")
   if data_config is not None and data_config.get("dataset", "synthetic") != "synthetic":
     root = data_config.get("root", "")

@@ -1,12 +1,15 @@
 r"""Does a synthetic world host the claims it is meant to test? Measured before any experiment.
 
+  python -m metonymy.main --config=configs/world_check.py[:world=v2] --workdir=DIR \
+      [--config.world.seed=1] [--config.world_check.backbone=DIR]      # the job
   python -m metonymy.data world-check --config=configs/demo.py:world=v2 [--config.world.seed=1]
   python -m metonymy.world_check --config=configs/demo.py:world=v2 --backbone=DIR   # the same
 
-`--config` is a demo or Table-3 config; its `world` block is the world checked (override any
-SyntheticConfig option as --config.world.<option>=value). Everything is measured on `--split`
-(val; never test), with training images only where something is fit. Printed, and with
---output also written as JSON:
+The job (job "world_check", through the launcher's checks like every run) writes DIR/report.md
+and DIR/results.json; its options are the config's `world_check` block. The command lines take
+a demo or Table-3 config and the same options as flags. The config's `world` block is the world
+checked (override any SyntheticConfig option as --config.world.<option>=value). Everything is
+measured on the split (val; never test), with training images only where something is fit:
 
   1. The position baseline (evaluation/position_baseline.py): k-means with K clusters over the
      training keypoints' positions, scored at the split's keypoints as a model's parts are. Part
@@ -260,8 +263,8 @@ def format_report(out: Dict) -> str:
                                              evidence["quarter_sees_evidence"])))
   mech = out["mechanism"]
   if mech is None:
-    lines.append("  mechanism: skipped (no --backbone and no shipped stand-in made by this "
-                 "world's recipe)")
+    lines.append("  mechanism: skipped (no backbone given, --backbone or world_check.backbone, "
+                 "and no shipped stand-in made by this world's recipe)")
   else:
     lines.append(f"  mechanism probes on {out['backbone']} (accuracy, mean over parts; chance: "
                  f"colour {mech['chance']['color']:.3f}, pattern {mech['chance']['pattern']:.3f}, "
@@ -319,7 +322,22 @@ def main(argv, flag_values) -> int:
   return 0
 
 
-def run(argv=None) -> None:
+def run(config, workdir) -> Dict:
+  """Job "world_check": `check` with the config's `world_check` options; the report is printed
+  and written to WORKDIR/report.md, the numbers to WORKDIR/results.json."""
+  from metonymy import console
+  from metonymy.workdir import Workdir
+  from metonymy.workdir import layout
+  out = check(config, **config.world_check.to_dict())
+  report = format_report(out)
+  console.console(report)
+  files = Workdir(workdir)
+  layout.write_text(files.output("report.md"), report + "\n")
+  layout.write_text(files.output(layout.RESULTS_FILE), json.dumps(out, indent=1))
+  return out
+
+
+def command(argv=None) -> None:
   """The command line: `python -m metonymy.world_check` or `python -m metonymy.data world-check`
   (argv: the flags; default sys.argv[1:])."""
   flag_values = _define_flags()
@@ -337,4 +355,4 @@ def run(argv=None) -> None:
 
 
 if __name__ == "__main__":
-  run()
+  command()

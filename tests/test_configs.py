@@ -11,6 +11,7 @@ import pytest
 
 from metonymy import config_checks
 from metonymy import config_lib
+from metonymy import launcher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINING = ("celeba", "chexpert", "cub", "folder", "synthetic")
@@ -33,6 +34,7 @@ DOCUMENTED = {
     "probe_synthetic": ("", "trained", "tiny", "tiny,trained"),
     "synthetic_table3": ("", "small", "paper_stage2_rate", "priors=paper", "priors=off",
                          "split=val", "demo_length", "split=val,demo_length,priors=paper"),
+    "world_check": ("", "tiny", "world=v2"),
 }
 PAIRS = [(name, arg) for name, args in DOCUMENTED.items() for arg in args]
 
@@ -49,7 +51,7 @@ def test_every_config_file_is_listed():
 @pytest.mark.parametrize("name,arg", PAIRS)
 def test_config_loads_with_each_documented_arg(name, arg):
   config = load(name, arg)
-  assert config.job in ("train", "probe", "demo", "backbone_smoke", "table3")
+  assert config.job in launcher.JOBS
   assert config_checks.problems(config) == []
 
 

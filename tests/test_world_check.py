@@ -85,3 +85,26 @@ def test_the_data_command_runs_the_world_check(tmp_path):
   assert done.returncode == 0, done.stderr[-2000:]
   assert "position baseline" in done.stdout and "world seed 1" in done.stdout
   assert json.loads(output.read_text())["world"]["seed"] == 1
+
+
+@pytest.mark.slow
+def test_the_world_check_is_a_job_through_the_launcher(tmp_path):
+  import json
+  from metonymy import launcher
+  config = config_lib.load_config(
+      os.path.join(os.path.dirname(CONFIG_FILE), "world_check.py"), "tiny,world=v2")
+  config.world.seed = 1
+  config.world_check.train_images, config.world_check.images = 32, 16
+  workdir = tmp_path / "check"
+  launcher.launch(config, str(workdir))
+  results = json.loads((workdir / "results.json").read_text())
+  assert results["world"]["seed"] == 1 and results["images"] == 16
+  assert "position baseline" in (workdir / "report.md").read_text()
+  assert json.loads((workdir / "config.json").read_text())["job"] == "world_check"
+  # Its refusals come before the workdir is written.
+  config.world_check.split = "test"
+  config.world_check.backbone = str(tmp_path / "nowhere")
+  with pytest.raises(launcher.NotStarted, match="test is for results only") as refused:
+    launcher.launch(config, str(tmp_path / "refused"))
+  assert "world_check.backbone=" in str(refused.value)
+  assert not (tmp_path / "refused").exists() or not os.listdir(tmp_path / "refused")

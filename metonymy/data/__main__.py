@@ -58,7 +58,7 @@ def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   if argv[:1] == ["world-check"]:  # absl flags of its own (a config and its overrides)
     from metonymy import world_check
-    world_check.run(argv[1:])
+    world_check.command(argv[1:])
     return 0
   parser = argparse.ArgumentParser(prog="python -m metonymy.data")
   sub = parser.add_subparsers(dest="command", required=True)
