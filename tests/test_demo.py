@@ -109,6 +109,11 @@ def test_block_says_whether_the_machine_was_shared():
   for key in ("cores", "load_average_start", "load_average_end"):  # An older results.json.
     del results["machine"][key]
   assert tables.describe(results).endswith("Wall time 484 s on 2 CPU cores (cpu x 1).")
+  # How the stand-in learned: an older results.json (no objective) and the supervised recipe
+  # read as before; the self-supervised one says so.
+  assert "3000 steps on the world's attributes" in tables.describe(results)
+  results["backbone"]["pretraining_objective"] = "self_supervised"
+  assert "3000 steps self-supervised on the world's images, no labels" in tables.describe(results)
 
 
 def test_position_baseline_rows_of_the_discovery_table():

@@ -160,6 +160,8 @@ def story_results(config, backbone: str, stand_in_record: Optional[Dict], bench:
                    "arch": config.backbone.arch.to_dict() if pretrained_here else None,
                    "pretraining_steps": (int(config.backbone_pretraining.steps)
                                          if pretrained_here else None),
+                   "pretraining_objective": str(config.backbone_pretraining.get(
+                       "objective", "attributes")),
                    "source": record.get("source"),
                    "quality_val": record.get("quality_val")},
       "benchmark": benchmark,

@@ -105,8 +105,11 @@ def describe(results: Dict) -> str:
   pre = results["backbone"]["pretraining_steps"]
   arch = results["backbone"]["arch"] or {}
   source = results["backbone"].get("source")
+  learned = ("self-supervised on the world's images, no labels"
+             if results["backbone"].get("pretraining_objective") == "self_supervised"
+             else "on the world's attributes")
   backbone = (f"a ViT (patch {arch.get('patch_size')}, width {arch.get('width')}, depth "
-              f"{arch.get('depth')}) pretrained for {pre} steps on the world's attributes"
+              f"{arch.get('depth')}) pretrained for {pre} steps {learned}"
               f"{' (' + source + ')' if source else ''}" if pre is not None
               else f"the backbone `{results['backbone']['path']}`")
   return (f"Synthetic parts world (world seed {w.get('seed', 0)}; run seed "
