@@ -31,8 +31,8 @@ stand-in anew and write it where the demo finds it, metonymy/assets/<stand_in_na
 its state in DIR/pretraining_state every backbone_pretraining.checkpoint_every steps, and the
 same command resumes a killed run there); `stand_in_objective=attributes|self_supervised`, the
 stand-in's objective (world v3 only: the supervised one by default; the self-supervised one,
-SELF_SUPERVISED below, is shipped for world seed 0; for another seed the demo pretrains it first,
-about 15 minutes on 2 cores).
+SELF_SUPERVISED below, is shipped for world seeds 0-2; for another seed the demo pretrains it
+first, about 15 minutes on 2 cores).
 """
 
 import ml_collections
