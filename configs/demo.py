@@ -11,11 +11,11 @@ feature to predict part k's attributes is leakage:
   1. the stand-in for DINO: a tiny ViT (patch 4, width 64, depth 4; depth 2 for `tiny`)
      pretrained to predict every attribute from its CLS token and from one attention read-out
      per part (training/pretraining.py; image-level labels only). On world v3 its 5,000 steps took
-     42 minutes on 2 CPU cores for world seed 0 (its record's `seconds`), so the stand-in made by exactly this recipe ships in
-     metonymy/assets/ (one per world seed 0-2; `:stand_in` remakes one) and is used when the
-     recipe matches, else it is pretrained here. Its own quality (attribute mAP of its heads on
-     `val`) is reported. Saved as a converted backbone folder, WORKDIR/backbone, usable as
-     --config.backbone.checkpoint anywhere;
+     42 minutes on 2 CPU cores for world seed 0 (its record's `seconds`), so the stand-in made
+     by exactly this recipe ships in metonymy/assets/ (one per world seed 0-2; `:stand_in`
+     remakes one) and is used when the recipe matches, else it is pretrained here. Its own
+     quality (attribute mAP of its heads on `val`) is reported. Saved as a converted backbone
+     folder, WORKDIR/backbone, usable as --config.backbone.checkpoint anywhere;
   2. the leakage benchmark of that backbone with ground-truth part masks, late vs early masking
      (job "probe" in WORKDIR/benchmark);
   3. single-stage and two-stage (STE) part discovery from it (job "train" in WORKDIR/single and

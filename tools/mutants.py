@@ -219,8 +219,8 @@ MUTANTS: Sequence[Mutant] = (
             "test_dino_loss_pairs_every_student_view_with_the_other_teacher_views_only",),
            "DINO pairs a student view with the teacher's own view of it"),
     Mutant("dense_negatives_across_images", "metonymy/training/self_supervised.py",
-           (("  keys = unit(jax.lax.stop_gradient(teacher_tokens))\n",
-             "  keys = unit(jax.lax.stop_gradient(teacher_tokens))\n"
+           (("  keys = _unit(jax.lax.stop_gradient(teacher_tokens))\n",
+             "  keys = _unit(jax.lax.stop_gradient(teacher_tokens))\n"
              "  keys = jnp.broadcast_to(keys.reshape(1, -1, keys.shape[-1]),\n"
              "                          (keys.shape[0], keys.shape[0] * keys.shape[1],"
              " keys.shape[-1]))\n"),),
@@ -228,8 +228,8 @@ MUTANTS: Sequence[Mutant] = (
             "test_the_dense_loss_draws_its_negatives_from_the_same_image_only",),
            "the dense term's negatives include the other images' tokens"),
     Mutant("dense_teacher_gets_gradient", "metonymy/training/self_supervised.py",
-           (("  keys = unit(jax.lax.stop_gradient(teacher_tokens))",
-             "  keys = unit(teacher_tokens)"),),
+           (("  keys = _unit(jax.lax.stop_gradient(teacher_tokens))",
+             "  keys = _unit(teacher_tokens)"),),
            ("tests/test_self_supervised.py::"
             "test_the_dense_loss_rewards_picking_the_token_at_the_same_image_point",),
            "the dense term's gradient reaches the teacher's tokens"),

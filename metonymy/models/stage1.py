@@ -174,9 +174,7 @@ class Stage1:
   def features(self, frozen, images: jnp.ndarray, tokens=None) -> jnp.ndarray:
     """Patch features z [B, h, w, D] of normalized images [B, H, W, 3]. No gradient flows back,
     except to `tokens` (the trained token parameters, `trained_tokens`) when given."""
-    if tokens is None:
-      frozen = jax.lax.stop_gradient(frozen)
-    else:
+    if tokens is not None:
       frozen = {**jax.lax.stop_gradient(frozen), **tokens}
     patch_tokens = self.backbone.apply({"params": frozen}, images)["patch_tokens"]
     height, width = self.backbone.patch_grid(images.shape)

@@ -196,9 +196,14 @@ def dino_loss(student_scores: jnp.ndarray, teacher_probs: jnp.ndarray,
   return total / pairs
 
 
+def _unit(x: jnp.ndarray) -> jnp.ndarray:
+  """x [..., D] scaled to unit length along its last axis."""
+  return x * jax.lax.rsqrt(jnp.sum(jnp.square(x), -1, keepdims=True) + 1e-12)
+
+
 def koleo_loss(features: jnp.ndarray, eps: float = 1e-8) -> jnp.ndarray:
   """features [B, D]: -mean log(distance to the nearest other feature), on unit vectors."""
-  unit = features * jax.lax.rsqrt(jnp.sum(jnp.square(features), -1, keepdims=True) + 1e-12)
+  unit = _unit(features)
   similarity = unit @ unit.T - 2.0 * jnp.eye(unit.shape[0])  # itself never the nearest
   nearest = jnp.argmax(similarity, axis=1)
   distance = jnp.sqrt(jnp.sum(jnp.square(unit - unit[nearest]), -1) + eps)
@@ -229,9 +234,8 @@ def dense_loss(student_tokens: jnp.ndarray, teacher_tokens: jnp.ndarray, index: 
   view of its token there, softmax_j(cos(teacher_index_i, teacher_j) / target_temperature),
   which spreads the target over the tokens the teacher finds alike (a plain region's tokens
   need not then be told apart)."""
-  unit = lambda t: t * jax.lax.rsqrt(jnp.sum(jnp.square(t), -1, keepdims=True) + 1e-12)
-  keys = unit(jax.lax.stop_gradient(teacher_tokens))
-  logits = jnp.einsum("bnd,bmd->bnm", unit(student_tokens), keys) / temperature
+  keys = _unit(jax.lax.stop_gradient(teacher_tokens))
+  logits = jnp.einsum("bnd,bmd->bnm", _unit(student_tokens), keys) / temperature
   log_probs = jax.nn.log_softmax(logits, axis=-1)
   if target_temperature > 0:
     anchors = jnp.take_along_axis(keys, index[..., None], axis=1)
