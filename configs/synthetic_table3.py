@@ -27,7 +27,8 @@ optimizer with its square-root scaled rates. Scored on `test`; every choice belo
 arg: `small` (a tiny world, 2 run seeds, seconds of training: the test), `world=v1|v2|v3`
 (configs/demo.py's WORLDS; its WORLD, v3, by default), `paper_stage2_rate`,
 `priors=paper|off`, `split=val|test` (the evaluation split of the training runs and the probe;
-val for counterfactuals).
+val for counterfactuals), `stand_in_objective=attributes|self_supervised` (configs/demo.py's: the
+stand-in that learned from attributes, or the self-supervised one).
 """
 
 import ml_collections
@@ -42,13 +43,15 @@ PRIORS = "off"
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
   arg = config_lib.parse_arg(arg, small=False, paper_stage2_rate=False, priors=PRIORS,
-                             split="test", demo_length=False, world="")
+                             split="test", demo_length=False, world="", stand_in_objective="")
   if arg.priors not in ("paper", "off"):
     raise ValueError(f"Config argument priors={arg.priors!r}: expected 'paper' or 'off'.")
   if arg.split not in ("val", "test"):
     raise ValueError(f"Config argument split={arg.split!r}: expected 'val' or 'test'.")
   demo = config_lib.load_sibling_config(  # world "": the demo's world (configs/demo.py WORLD).
-      __file__, "demo", ",".join(["tiny"] * arg.small + [f"world={arg.world}"] * bool(arg.world)))
+      __file__, "demo", ",".join(["tiny"] * arg.small + [f"world={arg.world}"] * bool(arg.world) +
+                                 [f"stand_in_objective={arg.stand_in_objective}"]
+                                 * bool(arg.stand_in_objective)))
   config = ml_collections.ConfigDict()
   config.job = "table3"
   config.seeds = (0, 1) if arg.small else (0, 1, 2)  # run seeds, each paired across variants
