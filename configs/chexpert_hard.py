@@ -1,22 +1,14 @@
-"""Two-stage part discovery on CheXpert with hard masks:
-argmax block-diagonal cliques (zero leakage).
+"""Two-stage part discovery on CheXpert with hard masks, argmax block-diagonal cliques (zero
+leakage); everything but `model` is configs/chexpert_single.py's.
 
-  python -m metonymy.main --config=configs/chexpert_hard.py[:runlocal] --workdir=DIR
+  python -m metonymy.main --config=configs/chexpert_hard.py[:runlocal] --config.data.root=DIR \
+      --workdir=DIR
 
-Stage 1 gets Stage 2's gradient through the selected patches only (model.stage2.hard_gradient
-"selected", the default: paper Appendix F, a part can shrink but not grow; Table 3's hard row
-improves part discovery over single-stage, which needs that gradient). The main text's reading,
-no gradient to Stage 1: --config.model.stage2.hard_gradient=none.
-
-Everything but `model` (data, K, losses, optimizer, schedule, `runlocal`) is
-configs/chexpert_single.py's.
+--config.model.stage2.hard_gradient=none: no gradient into Stage 1, the main text's reading.
 """
-
-import ml_collections
 
 from metonymy import config_lib
 
 
-def get_config(arg: str = "") -> ml_collections.ConfigDict:
-  single = config_lib.load_sibling_config(__file__, "chexpert_single", arg)
-  return config_lib.two_stage(single, mask="hard")
+def get_config(arg: str = ""):
+  return config_lib.part_discovery("chexpert", arg, "hard")

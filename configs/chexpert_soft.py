@@ -1,17 +1,12 @@
-"""Two-stage part discovery on CheXpert with soft masks:
-Stage-1 probabilities as log attention biases (differentiable, leaks).
+"""Two-stage part discovery on CheXpert with soft masks, Stage-1 probabilities as log attention
+biases (differentiable, leaks); everything but `model` is configs/chexpert_single.py's.
 
-  python -m metonymy.main --config=configs/chexpert_soft.py[:runlocal] --workdir=DIR
-
-Everything but `model` (data, K, losses, optimizer, schedule, `runlocal`) is
-configs/chexpert_single.py's.
+  python -m metonymy.main --config=configs/chexpert_soft.py[:runlocal] --config.data.root=DIR \
+      --workdir=DIR
 """
-
-import ml_collections
 
 from metonymy import config_lib
 
 
-def get_config(arg: str = "") -> ml_collections.ConfigDict:
-  single = config_lib.load_sibling_config(__file__, "chexpert_single", arg)
-  return config_lib.two_stage(single, mask="soft")
+def get_config(arg: str = ""):
+  return config_lib.part_discovery("chexpert", arg, "soft")

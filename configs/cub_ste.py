@@ -1,17 +1,12 @@
-"""Two-stage part discovery on CUB with straight-through masks:
-hard forward, soft gradient (zero leakage, trainable end to end).
+"""Two-stage part discovery on CUB with straight-through masks, hard forward and soft gradient (zero
+leakage, trainable end to end); everything but `model` is configs/cub_single.py's.
 
-  python -m metonymy.main --config=configs/cub_ste.py[:runlocal] --workdir=DIR
-
-Everything but `model` (data, K, losses, optimizer, schedule, `runlocal`) is
-configs/cub_single.py's.
+  python -m metonymy.main --config=configs/cub_ste.py[:runlocal] --config.data.root=DIR \
+      --workdir=DIR
 """
-
-import ml_collections
 
 from metonymy import config_lib
 
 
-def get_config(arg: str = "") -> ml_collections.ConfigDict:
-  single = config_lib.load_sibling_config(__file__, "cub_single", arg)
-  return config_lib.two_stage(single, mask="ste")
+def get_config(arg: str = ""):
+  return config_lib.part_discovery("cub", arg, "ste")

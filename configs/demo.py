@@ -10,8 +10,8 @@ Steps (metonymy/demo/story.py), on the world with cross-part correlation 0, so a
 feature to predict part k's attributes is leakage:
   1. the stand-in for DINO: a tiny ViT (patch 4, width 64, depth 4; depth 2 for `tiny`)
      pretrained to predict every attribute from its CLS token and from one attention read-out
-     per part (training/pretraining.py; image-level labels only). On world v3 its 5,000 steps took
-     42 minutes on 2 CPU cores for world seed 0 (its record's `seconds`), so the stand-in made
+     per part (training/pretraining.py; image-level labels only). Its pretraining takes several
+     times the demo's budget (docs/experiments.md; its record's `seconds`), so the stand-in made
      by exactly this recipe ships in metonymy/assets/ (one per world seed 0-2; `:stand_in`
      remakes one) and is used when the recipe matches, else it is pretrained here. Its own
      quality (attribute mAP of its heads on `val`) is reported. Saved as a converted backbone
@@ -32,7 +32,7 @@ its state in DIR/pretraining_state every backbone_pretraining.checkpoint_every s
 same command resumes a killed run there); `stand_in_objective=attributes|self_supervised`, the
 stand-in's objective (world v3 only: the supervised one by default; the self-supervised one,
 SELF_SUPERVISED below, is shipped for world seeds 0-2; for another seed the demo pretrains it
-first, about 15 minutes on 2 cores).
+first, which docs/experiments.md times).
 """
 
 import ml_collections
@@ -60,17 +60,16 @@ SIZES = {
 #     patches). Objects at 55-70% of the image per object unit (the world's default is 36-50%):
 #     at 48 px the default leaves 89.5% of the patches to the background and the legs under a
 #     patch wide. Where a keypoint lies says which part it is (the position-only partition scores
-#     NMI 41 / ARI 37 on world seed 0), and one patch of a part shows its attributes.
+#     about as well as any model), and one patch of a part shows its attributes.
 #   v2: the world that can test part discovery (docs/experiments.md, "The world", has the world
 #     checks on `val` it was chosen by; `python -m metonymy.data world-check` prints them): the
 #     full circle of rotations, objects at 50-65% of the image per object unit, a translation of
-#     at least 18% of the image either way (the position-only partition scores NMI 7-9 / ARI 6-8
-#     on world seeds 0-2), and each part's colour and pattern on a disc of 15% of its area, the
-#     rest in a plain tone (a contiguous quarter of a part misses its evidence about a third of
-#     the time; the whole part shows it 85-99% of the time). 64 px: 16 x 16 patches. Its plain
-#     tone is one per image, shared by every part: a plain patch does not say which part it is,
-#     and the stand-in's patch tokens do not know their part (a logistic probe reads a patch's
-#     part at 0.30 balanced accuracy, chance 0.17; v1's at 0.72), so nothing can find the parts.
+#     at least 18% of the image either way (position alone no longer finds the parts), and each
+#     part's colour and pattern on a disc of 15% of its area, the rest in a plain tone (a
+#     contiguous quarter of a part often misses its evidence, the whole part rarely). 64 px:
+#     16 x 16 patches. Its plain tone is one per image, shared by every part: a plain patch does
+#     not say which part it is, and the stand-in's patch tokens do not know their part, so
+#     nothing can find the parts.
 #   v3: v2 with each part's plain region in a muted tone of its own (`plain_tone="part"`; no
 #     palette colour, no attribute): a wing looks like a wing whatever its colour, as on real
 #     images, while its colour and pattern are still on 15% of it.
@@ -131,9 +130,10 @@ def world(size: dict, correlation: float = 0.0, seed: int = 0) -> dict:
           **size["world_options"], "splits": {"train": n_train, "val": n_val, "test": n_test}}
 
 
-def benchmark_config(size: dict, correlation: float = 0.0) -> ml_collections.ConfigDict:
-  """The probe job of step 2: one seed, ground-truth masks; backbone.checkpoint is set by the
-  demo to the backbone it pretrained (or given on the command line)."""
+def benchmark_config(size: dict, world_options: dict) -> ml_collections.ConfigDict:
+  """The probe job of step 2 on `world_options` (config.world): one seed, ground-truth masks;
+  backbone.checkpoint is set by the demo to the backbone it pretrained (or given on the command
+  line)."""
   image_size = size["image_size"]
   config = ml_collections.ConfigDict()
   config.job = "probe"
@@ -142,28 +142,29 @@ def benchmark_config(size: dict, correlation: float = 0.0) -> ml_collections.Con
   config.backbone = config_lib.backbone(checkpoint="", image_size=image_size)
   config.backbone_name = "demo-vit"
   config.data = config_lib.probe_data("synthetic", val="val", max_train=size["probe_train"],
-                                      options=world(size, correlation))
+                                      options=world_options)
   config.masks = config_lib.part_masks("ground_truth")
   config.backbone_pretraining = config_lib.backbone_pretraining()
   config.features = config_lib.part_features(batch_size=64, chunk_size=256)
   config.probe = config_lib.linear_probe()
   config.evaluation = config_lib.probe_evaluation(bootstrap=size["bootstrap"],
                                                   leakage_images=size["leakage_images"])
-  config.report = ml_collections.ConfigDict({
-      "title": f"synthetic parts world, correlation {correlation:g}, the demo's tiny ViT"})
+  config.report = ml_collections.ConfigDict({"title": (
+      f"synthetic parts world, correlation {world_options['correlation']:g}, the demo's tiny ViT")})
   return config
 
 
-def training_config(config_file: str, name: str, size: dict, steps: int,
-                    correlation: float = 0.0) -> ml_collections.ConfigDict:
-  """configs/<name>.py's runlocal variant at the demo's size, on the demo's world; the backbone
-  checkpoint is set by the demo. Losses and K are the config's own, the learning rates too but
-  Stage 2's ViT's (STAGE2_BACKBONE_RATE; single-stage runs have no such group)."""
-  config = config_lib.load_sibling_config(config_file, name, "runlocal")
+def training_config(size: dict, world_options: dict, steps: int,
+                    variant: str = "") -> ml_collections.ConfigDict:
+  """Part discovery on the synthetic world (config_lib.part_discovery: single-stage, or the
+  two-stage `variant`), its `runlocal` run at the demo's size on `world_options` (config.world);
+  the backbone checkpoint is set by the demo. Losses and K are the recipe's own, the learning
+  rates too but Stage 2's ViT's (STAGE2_BACKBONE_RATE; single-stage runs have no such group)."""
+  config = config_lib.part_discovery("synthetic", "runlocal", variant)
   image_size = size["image_size"]
   config.backbone.image_size = image_size
   config.data.image_size = image_size
-  config.data.options = world(size, correlation)
+  config.data.options = world_options
   config.data.batch_size = size["train_batch"]
   config.data.eval_batch_size = size["train_batch"]
   config.data.eval_examples = size["eval_examples"]
@@ -209,7 +210,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # (metonymy/runs/workers.py); 0: two on a CPU with 2+ cores, one on an accelerator.
   config.run_processes = 0
   config.world_name = arg.world
-  config.world = ml_collections.ConfigDict(world(size))
+  # The world, defined once: every sub-job's data.options is this block (runs/subjobs.with_world
+  # stamps it in at run time; main refuses an override of a sub-job's copy, naming this one).
+  world_options = world(size)
+  config.world = ml_collections.ConfigDict(world_options)
   # Step 1: the stand-in for DINO. Ignored when benchmark.backbone.checkpoint is given.
   config.backbone = config_lib.random_backbone(
       patch_size=PATCH, width=64, depth=size["depth"], num_heads=4, mlp_dim=128,
@@ -240,9 +244,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   config.stand_in_name = chosen["stand_in_name"]
   # mode "stand_in" writes the pretrained stand-in to this path prefix (.npz + .json).
   config.stand_in_output = ""
-  config.benchmark = benchmark_config(size)
-  config.single = training_config(__file__, "synthetic_single", size, size["single_steps"])
-  config.two_stage = training_config(__file__, "synthetic_ste", size, size["two_stage_steps"])
+  config.benchmark = benchmark_config(size, world_options)
+  config.single = training_config(size, world_options, size["single_steps"])
+  config.two_stage = training_config(size, world_options, size["two_stage_steps"], "ste")
   if "priors" in chosen:  # The world's part-discovery recipe (otherwise the configs' own).
     config_lib.set_priors(config.single.loss, chosen["priors"])
     config_lib.set_priors(config.two_stage.loss, chosen["priors"])

@@ -8,28 +8,11 @@ K = 8 discovered parts (a choice, like the paper's K for CUB and CelebA: set
 --config.model.num_parts=K). Trains on split `train`, evaluates on `val`
 (--config.data.eval_split=test if the folder has no val split). `runlocal` shrinks the model and
 run for a CPU smoke run (it still reads config.data.root).
+Its recipe: config_lib.PART_DISCOVERY["folder"], built by config_lib.part_discovery.
 """
-
-import ml_collections
 
 from metonymy import config_lib
 
 
-def get_config(arg: str = "") -> ml_collections.ConfigDict:
-  arg = config_lib.parse_arg(arg, runlocal=False)
-  image_size = 224
-  config = ml_collections.ConfigDict()
-  config.job = "train"
-  config.seed = 0
-  config.backbone = config_lib.backbone("vit_b16_dinov3", checkpoint="converted/dinov3_vitb16",
-                                        image_size=image_size)
-  config.data = config_lib.train_data("folder", image_size=image_size, train_split="train",
-                                      eval_split="val")
-  config.model = config_lib.stage1_model(num_parts=8)
-  config.loss = config_lib.part_losses()
-  config.optimizer = config_lib.part_optimizer()
-  config.trainer = config_lib.trainer(num_epochs=30)
-  config.mesh = config_lib.mesh()
-  if arg.runlocal:
-    config_lib.shrink_for_cpu(config)
-  return config
+def get_config(arg: str = ""):
+  return config_lib.part_discovery("folder", arg)

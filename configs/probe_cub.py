@@ -23,21 +23,7 @@ from metonymy import config_lib
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-  arg = config_lib.parse_arg(arg, preset="vit_b14_reg4", runlocal=False)
-  config = ml_collections.ConfigDict()
-  config.job = "probe"
-  config.seeds = (0,)
-  config.allow_random_backbone = False  # Real data: a checkpoint must be given.
-  config.backbone = config_lib.backbone(preset=arg.preset, image_size=224)
-  config.backbone_name = ""  # Default: the checkpoint's folder name.
-  config.data = config_lib.probe_data("cub", train="train", val="", test="test", image_size=224,
-                                      read_threads=4)
-  config.masks = config_lib.part_masks("file", num_parts=0)
-  config.backbone_pretraining = config_lib.backbone_pretraining()
-  config.features = config_lib.part_features()
-  config.probe = config_lib.linear_probe()
-  config.evaluation = config_lib.probe_evaluation()
-  config.report = ml_collections.ConfigDict({"title": ""})
-  if arg.runlocal:
-    config_lib.shrink_probe_for_cpu(config)
-  return config
+  data = config_lib.probe_data("cub", train="train", val="", test="test", image_size=224,
+                               read_threads=4)
+  masks = config_lib.part_masks("file", num_parts=0)
+  return config_lib.real_data_probe(arg, data, masks, preset="vit_b14_reg4")

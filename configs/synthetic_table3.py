@@ -5,8 +5,8 @@ STE and soft part discovery, run seeds paired, on one world and one stand-in bac
       [--config.world.seed=N] [--config.readme=README.md]  # its README block gives the time
   python -m metonymy.main --config=configs/synthetic_table3.py:small --workdir=DIR   # minutes
 
-Every variant is the same training run but for `model` (configs/synthetic_single.py and
-synthetic_{hard,ste,soft}.py through configs/demo.py's world and sizes): the same stand-in, the
+Every variant is the same training run but for `model` (config_lib.part_discovery's synthetic
+run and its two-stage variants, at configs/demo.py's world and sizes): the same stand-in, the
 same Stage-1 initialisation (TwoStage.init gives Stage 1 the key the single-stage model gets),
 the same data order, Gumbel noise and budget for a given run seed (`config.seeds`). DIR gets
 results.json (rows, summary, paired), report.md (Table 3's layout with Table S6's mAP columns,
@@ -59,7 +59,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   config.readme = ""  # a README path: rewrite its <!-- table3:results --> block
   config.figure_images = 4 if arg.small else 6
   # Runs trained at once, each in a worker process (metonymy/runs/workers.py); 0: two on a CPU
-  # with 2+ cores (~1.6x the throughput of one on 2 cores), one on an accelerator. The runs'
+  # with 2+ cores (more throughput than one: docs/experiments.md), one on an accelerator. The runs'
   # numbers do not depend on it.
   config.run_processes = 0
   # The world, the stand-in and the benchmark's data: the demo's (one source of truth).

@@ -8,6 +8,11 @@ which names the keys it accepts and refuses any other; its docstring lists them.
 
 Each helper below returns one block of a config (backbone, data, model, loss, optimizer, ...)
 with its values on the page, so a config file shows every block of its run as one call each.
+Configs compose these pieces rather than each other: part discovery on a dataset is
+`part_discovery(dataset, arg, variant)` (its recipe in PART_DISCOVERY, the two-stage variants in
+models/stage2_options.py), shared by configs/<dataset>_single.py, its two-stage siblings and the
+demo. A config may load one other config file (`load_sibling_config`: the demo's world for
+Table 3, a probe config for the suite), never one that loads a third.
 Nothing here imports JAX or Flax: a config loads without an accelerator stack.
 """
 
@@ -102,7 +107,9 @@ def check_overrides(argv) -> None:
 
 def load_sibling_config(config_file: str, name: str, arg: str = "") -> ml_collections.ConfigDict:
   """`load_config` of configs/<name>.py, in the folder of `config_file` (`__file__` in a config):
-  builds a config on another without making configs/ an importable package."""
+  builds a config on another without making configs/ an importable package. One level only: the
+  loaded file builds from config_lib's pieces and loads no config itself (tests/test_configs.py),
+  so a value has one home a reader finds in one step."""
   return load_config(os.path.join(os.path.dirname(os.path.abspath(config_file)), name + ".py"),
                      arg)
 
@@ -459,6 +466,32 @@ def shrink_probe_for_cpu(config: ml_collections.ConfigDict,
   return config
 
 
+def real_data_probe(arg: str, data: ml_collections.ConfigDict, masks: ml_collections.ConfigDict,
+                    *, preset: str) -> ml_collections.ConfigDict:
+  """The leakage benchmark of one pretrained backbone on a real dataset (job "probe",
+  configs/probe_{cub,celeba,chexpert}.py): the file gives its `data` and `masks`, the other
+  blocks are the paper's protocol. The checkpoint is given on the command line; `arg` is the
+  file's: `preset=NAME`, the architecture built when no checkpoint is given (tests only; `preset`
+  is its default), `runlocal` (shrink_probe_for_cpu)."""
+  arg = parse_arg(arg, preset=preset, runlocal=False)
+  config = ml_collections.ConfigDict()
+  config.job = "probe"
+  config.seeds = (0,)
+  config.allow_random_backbone = False  # Real data: a checkpoint must be given.
+  config.backbone = backbone(preset=arg.preset, image_size=224)
+  config.backbone_name = ""  # Default: the checkpoint's folder name.
+  config.data = data
+  config.masks = masks
+  config.backbone_pretraining = backbone_pretraining()
+  config.features = part_features()
+  config.probe = linear_probe()
+  config.evaluation = probe_evaluation()
+  config.report = ml_collections.ConfigDict({"title": ""})
+  if arg.runlocal:
+    shrink_probe_for_cpu(config)
+  return config
+
+
 # The options of Stage 1 beyond K and the temperature (stage1_model), the same in both models.
 STAGE1_OPTIONS = tuple(PROTOTYPE_INIT) + ("embedding_norm", "part_dropout", "evaluation_noise",
                                           "trained_tokens")
@@ -483,9 +516,8 @@ def two_stage_model(num_parts: int, mask: str, *, temperature: float = 1.0,
   attention under hard masks.
 
   `stage2` overrides the other options of the model.stage2 block, whose defaults are
-  models/stage2_options.DEFAULTS (Stage2's own): feature "cls", ste_scope "layer", hard_gradient
-  "selected", drop_background True, attention_tiles 0. Values are checked where the model is
-  built (two_stage.Stage2), after any command-line override.
+  models/stage2_options.DEFAULTS (Stage2's own). Values are checked where the model is built
+  (two_stage.Stage2), after any command-line override.
   """
   unknown = sorted(set(stage2) - set(stage2_options.DEFAULTS))
   if unknown:
@@ -493,19 +525,81 @@ def two_stage_model(num_parts: int, mask: str, *, temperature: float = 1.0,
                     f"{sorted(stage2_options.DEFAULTS)}")
   model = stage1_model(num_parts, temperature)
   model.name = "two_stage"
-  model.stage2 = dict({"mask": mask}, **dict(stage2_options.DEFAULTS, **stage2))
+  model.stage2 = dict(stage2_options.DEFAULTS, mask=mask, **stage2)
   return model
 
 
-def two_stage(config: ml_collections.ConfigDict, mask: str,
+def two_stage(config: ml_collections.ConfigDict, variant: str,
               **stage2) -> ml_collections.ConfigDict:
-  """A copy of the single-stage training `config` with `two_stage_model(mask, **stage2)` at its
-  K and temperature in place of Stage 1 alone."""
+  """A copy of the single-stage training `config` with the two-stage model of `variant` (a mask,
+  "soft", "hard" or "ste", or another name of models/stage2_options.VARIANTS; `stage2` over its
+  options) at its K and temperature in place of Stage 1 alone."""
+  options = dict(stage2_options.variant(variant), **stage2)
   config = copy.deepcopy(config)  # Keeps the key order (a to_dict round trip sorts it).
   single_model = config.model
-  config.model = two_stage_model(config.model.num_parts, mask,
-                                 temperature=config.model.temperature, **stage2)
+  config.model = two_stage_model(config.model.num_parts, options.pop("mask"),
+                                 temperature=config.model.temperature, **options)
   for key in STAGE1_OPTIONS:  # Stage 1's start and options carry over.
     if key in single_model:
       config.model[key] = single_model[key]
   return config
+
+
+# ------------------------------------------------------------------------------------------------
+# Part discovery on a dataset: configs/<dataset>_single.py, its two-stage siblings
+# configs/<dataset>_<mask>.py, and the demo's training runs on the synthetic world.
+
+DINOV3_VITB16 = ("vit_b16_dinov3", "converted/dinov3_vitb16", "")
+
+# dataset -> what its part-discovery recipe sets (configs/<dataset>_single.py's docstring says
+# why): the backbone (preset, converted checkpoint, family), the input size in pixels, K, the
+# evaluation split, the options of the dataset's make_source and, for `runlocal`, the options
+# that shrink it. Every other block is the paper's, the same for every dataset.
+PART_DISCOVERY = {
+    "celeba": dict(backbone=DINOV3_VITB16, image_size=224, num_parts=8, eval_split="val"),
+    "chexpert": dict(backbone=("vit_b14_reg4", "converted/rad_dino", "rad_dino"), image_size=224,
+                     num_parts=8, eval_split="valid",
+                     options={"uncertainty": "ignore", "frontal_only": False, "masks": False}),
+    "cub": dict(backbone=DINOV3_VITB16, image_size=512, num_parts=7, eval_split="test",
+                options={"ignore_not_visible": False}),
+    "folder": dict(backbone=DINOV3_VITB16, image_size=224, num_parts=8, eval_split="val"),
+    # The world renders at the model's resolution (options.image_size follows data.image_size,
+    # also when `runlocal` shrinks it), so no resize blurs its patterns.
+    "synthetic": dict(backbone=DINOV3_VITB16, image_size=224, num_parts=5, eval_split="val",
+                      options={"correlation": 0.8}, renders_at_model_size=True,
+                      runlocal_options={"splits": (("train", 64), ("val", 16))}),
+}
+
+
+def part_discovery(dataset: str, arg: str = "", variant: str = "") -> ml_collections.ConfigDict:
+  """Part discovery on `dataset` (job "train"): single-stage, Stage 1 on a frozen backbone
+  (variant ""), or the two-stage `variant` of it (`two_stage`), which differs in `model` only.
+  `arg` is the config file's: `runlocal` shrinks the run for a CPU smoke run (shrink_for_cpu;
+  a real dataset is still read from config.data.root)."""
+  runlocal = parse_arg(arg, runlocal=False).runlocal
+  if dataset not in PART_DISCOVERY:
+    raise ValueError(f"Unknown part-discovery dataset {dataset!r}; known are "
+                     f"{sorted(PART_DISCOVERY)}.")
+  recipe = PART_DISCOVERY[dataset]
+  preset, checkpoint, family = recipe["backbone"]
+  image_size = recipe["image_size"]
+  options = dict(recipe.get("options", {}))
+  if recipe.get("renders_at_model_size"):
+    options = {"image_size": image_size, **options}
+  config = ml_collections.ConfigDict()
+  config.job = "train"
+  config.seed = 0
+  config.backbone = backbone(preset, checkpoint=checkpoint, image_size=image_size, family=family)
+  config.data = train_data(dataset, image_size=image_size, train_split="train",
+                           eval_split=recipe["eval_split"], options=options)
+  config.model = stage1_model(num_parts=recipe["num_parts"])
+  config.loss = part_losses()
+  config.optimizer = part_optimizer()
+  config.trainer = trainer(num_epochs=30)
+  config.mesh = mesh()
+  if runlocal:
+    shrink_for_cpu(config)
+    if recipe.get("renders_at_model_size"):
+      config.data.options.image_size = config.data.image_size
+    config.data.options.update(recipe.get("runlocal_options", {}))
+  return two_stage(config, variant) if variant else config

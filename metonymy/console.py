@@ -6,12 +6,12 @@ import logging as py_logging
 import os
 
 from absl import logging
+import jax
 
 
 def console(message: str) -> None:
   """One progress line on process 0's stdout (not through absl too: under absl.app that would
   print it twice on a terminal)."""
-  import jax  # Here: importing this module needs no JAX.
   if jax.process_index() == 0:
     print(message, flush=True)
 

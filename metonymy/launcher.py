@@ -18,6 +18,7 @@ import os
 from typing import Any, Dict, Optional
 
 from absl import logging
+import jax
 
 from metonymy import config_checks
 from metonymy import console
@@ -67,7 +68,6 @@ def _check(config) -> None:
 
 
 def _check_hosts(config) -> None:
-  import jax  # After distributed.initialize: asking for the process count starts the backend.
   if config.job in SINGLE_PROCESS_JOBS and jax.process_count() > 1:
     raise NotStarted(
         f"The {config.job!r} job runs on one host, but this is process {jax.process_index()} of "

@@ -98,7 +98,7 @@ def _tool():
 def test_no_placeholder_url_and_the_colab_badge_follows_the_recorded_url():
   """No page, notebook or pyproject.toml shows a placeholder repository URL; the Colab badge of
   colabs/README.md is there exactly when pyproject.toml records the URL, and built from it."""
-  from metonymy import readme_blocks
+  from metonymy import reporting
   tool = _tool()
   for path in ("pyproject.toml", "README.md", "CITATION.cff", os.path.join("colabs", "README.md"),
                os.path.join("colabs", "explore_attention_masks.ipynb")):
@@ -106,7 +106,7 @@ def test_no_placeholder_url_and_the_colab_badge_follows_the_recorded_url():
       text = f.read()
     assert "OWNER" not in text and "github.com/<" not in text, path
   url = tool.recorded_url()
-  block = readme_blocks.read_block(os.path.join(ROOT, tool.COLAB_README), tool.BADGE_BLOCK)[1]
+  block = reporting.read_block(os.path.join(ROOT, tool.COLAB_README), tool.BADGE_BLOCK)[1]
   assert block.strip() == tool.badge_block(url).strip()
   with open(os.path.join(ROOT, "README.md")) as f:  # README's front page links no Colab either
     links = tool.COLAB_LINK.findall(f.read())

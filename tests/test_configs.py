@@ -1,6 +1,7 @@
 """Every file in configs/ loads with each argument it documents, the `arg` convention
-(`config_lib.parse_arg`) holds, and the two-stage configs differ from their single-stage
-sibling in `model` only."""
+(`config_lib.parse_arg`) holds, the two-stage configs differ from their single-stage
+sibling in `model` only, no config loads a config that loads another, and the two-stage
+variants' names and defaults come from one table (models/stage2_options.py)."""
 
 import glob
 import importlib.util
@@ -12,6 +13,9 @@ import pytest
 from metonymy import config_checks
 from metonymy import config_lib
 from metonymy import launcher
+from metonymy.models import stage2_options
+from metonymy.models import two_stage as two_stage_model
+from metonymy.table3 import variants
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINING = ("celeba", "chexpert", "cub", "folder", "synthetic")
@@ -110,3 +114,43 @@ def test_a_config_refuses_an_unknown_arg():
     load("celeba_ste", "runlcoal")
   with pytest.raises(ValueError, match="unknown dataset 'imagenet'"):
     load("probe_suite", "dataset=imagenet")
+
+
+@pytest.mark.parametrize("name,arg", PAIRS)
+def test_no_config_loads_a_config_that_loads_another(name, arg, monkeypatch):
+  """Shared pieces come from config_lib: a config may build on one other file (the demo's world,
+  a probe config), never on a chain of them, so each value has one home a reader finds."""
+  load_config, depth, deepest = config_lib.load_config, [0], []
+
+  def counting(path, arg=""):
+    depth[0] += 1
+    deepest.append((depth[0], os.path.basename(path)))
+    try:
+      return load_config(path, arg)
+    finally:
+      depth[0] -= 1
+
+  monkeypatch.setattr(config_lib, "load_config", counting)
+  config_lib.load_config(os.path.join(ROOT, "configs", f"{name}.py"), arg)
+  assert max(d for d, _ in deepest) <= 2, f"configs/{name}.py:{arg} loads a chain: {deepest}"
+
+
+def test_two_stage_variants_come_from_the_one_table():
+  """The mask names and the Stage-2 defaults live in models/stage2_options.py: the two-stage
+  config files, config_lib, Table 3's variants and the Stage2 module all read them."""
+  assert variants.TWO_STAGE is stage2_options.VARIANTS
+  assert set(stage2_options.MASKS) <= set(stage2_options.VARIANTS)
+  assert {v["mask"] for v in stage2_options.VARIANTS.values()} == set(stage2_options.MASKS)
+  fields = two_stage_model.Stage2.__dataclass_fields__
+  assert {k: fields[k].default for k in stage2_options.DEFAULTS} == stage2_options.DEFAULTS
+  single = load("synthetic_single", "runlocal")
+  for name, options in stage2_options.VARIANTS.items():
+    model = config_lib.two_stage(single, name).model
+    assert model.stage2.to_dict() == dict(stage2_options.DEFAULTS, **options), name
+  for dataset, masks in TWO_STAGE.items():
+    assert set(masks) <= set(stage2_options.MASKS)
+    for mask in masks:
+      assert load(f"{dataset}_{mask}").model.stage2.to_dict() == dict(
+          stage2_options.DEFAULTS, **stage2_options.VARIANTS[mask]), (dataset, mask)
+  with pytest.raises(ValueError, match=r"Unknown two-stage variant 'late'.*'hard_none'"):
+    config_lib.two_stage(single, "late")

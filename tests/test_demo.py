@@ -13,7 +13,7 @@ from sklearn import metrics as skm
 from metonymy import config_lib
 from metonymy import data as data_lib
 from metonymy import demo
-from metonymy import readme_blocks
+from metonymy import reporting
 from metonymy.demo import readme
 from metonymy.demo import sweep
 from metonymy.demo import tables
@@ -60,7 +60,7 @@ def test_unknown_arg_fails_clearly(name):
 
 def test_seed_rows_are_replaced_per_seed_and_kept_sorted(tmp_path):
   path = tmp_path / "README.md"
-  begin, end = readme_blocks.markers(readme.SEEDS_BLOCK)
+  begin, end = reporting.markers(readme.SEEDS_BLOCK)
   # A row written before the position column: kept, the new column "n/a".
   old_row = ("| 1 | 0.6 | 0.1 / 0.5 | 0.5 | 8.4 / 6.5 | 0.5 | 0.5 | 8.8 / 6.6 | 0.61 / 0.65 | 0.2 "
              "| 9 s |")
@@ -361,8 +361,8 @@ def test_tiny_demo_writes_report_and_results(tiny_demo_run):
   assert "| k-means on the last block's foreground tokens vs the true parts (NMI x100) |" in report
   with open(readme_path) as f:
     block = f.read()
-  results_end, seeds_begin = (readme_blocks.markers(readme.RESULTS_BLOCK)[1],
-                              readme_blocks.markers(readme.SEEDS_BLOCK)[0])
+  results_end, seeds_begin = (reporting.markers(readme.RESULTS_BLOCK)[1],
+                              reporting.markers(readme.SEEDS_BLOCK)[0])
   assert f"{s['ps_late']:.3f}" in block and results_end in block
   assert f"| chance: keypoint position alone | (k-means" in block.split(results_end)[0]
   assert "| 0 | " in block.split(seeds_begin)[1]  # this world's row of the seeds table

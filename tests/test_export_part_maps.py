@@ -1,7 +1,6 @@
-"""`python -m metonymy.export_part_maps`: a trained workdir's part maps in the probe's file format,
-giving the benchmark the numbers `masks.source="stage1"` gives from the model itself."""
+"""`python -m metonymy.probe.export_part_maps`: a trained workdir's part maps in the probe's file
+format, giving the benchmark the numbers `masks.source="stage1"` gives from the model itself."""
 
-import json
 import os
 import subprocess
 import sys
@@ -10,7 +9,7 @@ import numpy as np
 import pytest
 
 from metonymy import config_lib
-from metonymy import export_part_maps
+from metonymy.probe import export_part_maps
 from metonymy import probe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,12 +57,13 @@ def test_the_probe_on_the_exported_file_equals_the_probe_on_the_workdir(trained,
 
 
 def test_the_command_line_names_a_missing_flag_and_a_bad_key(tmp_path):
-  proc = subprocess.run([sys.executable, "-m", "metonymy.export_part_maps",
+  proc = subprocess.run([sys.executable, "-m", "metonymy.probe.export_part_maps",
                          f"--config={PROBE_CONFIG}:tiny", "--config.masks.nope=1",
                          f"--workdir={tmp_path}", f"--output={tmp_path}/m.npz"], cwd=ROOT,
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode != 0
   assert "error: Unknown config key 'masks.nope'" in proc.stderr, proc.stderr[-2000:]
+  # The command's old name is an alias of it.
   proc = subprocess.run([sys.executable, "-m", "metonymy.export_part_maps",
                          f"--config={PROBE_CONFIG}:tiny", f"--workdir={tmp_path}",
                          f"--output={tmp_path}/m.npz"], cwd=ROOT, capture_output=True,

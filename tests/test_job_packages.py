@@ -1,5 +1,7 @@
-"""The demo and the Table-3 job share metonymy/runs/ and nothing else of each other's: neither
-reaches the other's package through any chain of imports, and runs/ reaches neither."""
+"""The job packages (demo, table3, world_check) share metonymy/runs/ and nothing else of each
+other's: none reaches another's package through any chain of imports, and runs/ reaches none."""
+
+import pytest
 
 from tests import test_layering
 
@@ -27,6 +29,16 @@ def test_the_demo_reaches_nothing_of_the_table3_job():
   assert not sorted(m for m in reached if m.startswith("metonymy.table3")), reached
 
 
-def test_the_shared_runs_reach_neither_job():
+JOBS = ("metonymy.demo", "metonymy.table3", "metonymy.world_check")
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_a_job_package_reaches_no_other_job(job):
+  reached = _reached(test_layering.import_graph(), job)
+  others = tuple(j for j in JOBS if j != job)
+  assert not sorted(m for m in reached if m.startswith(others)), job
+
+
+def test_the_shared_runs_reach_no_job():
   reached = _reached(test_layering.import_graph(), "metonymy.runs")
-  assert not sorted(m for m in reached if m.startswith(("metonymy.demo", "metonymy.table3")))
+  assert not sorted(m for m in reached if m.startswith(JOBS))

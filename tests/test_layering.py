@@ -188,6 +188,133 @@ def test_the_checks_see_a_planted_cycle_and_a_function_level_import(tmp_path):
                                ["pkg.models.a", "pkg.b", "pkg.models.a"])
 
 
+# The floors of docs/configs.md ("Layout"): read from its ```floors block, so the picture a
+# newcomer reads is the one the test holds the code to.
+DOCS = os.path.join(ROOT, "docs", "configs.md")
+
+
+def floors(path=DOCS):
+  """{top-level name under metonymy/ (module or package): floor number}, from the doc's block."""
+  with open(path) as f:
+    text = f.read()
+  block = text.split("```floors\n", 1)[1].split("```", 1)[0]
+  table = {}
+  for line in block.strip().splitlines():
+    number, names = line.split(None, 1)
+    table.update({name.strip(): int(number) for name in names.split(",")})
+  return table
+
+
+def floor_of(module, table):
+  """The floor of a dotted module name; option tables (`*_options`) are floor 0; None: unplaced."""
+  if module.rsplit(".", 1)[-1].endswith("_options"):
+    return 0
+  top = module.split(".")[1] if "." in module else module
+  return table.get(top)
+
+
+def climbing_imports(graph, table):
+  """{module: [imports on a higher floor, or "unplaced"]}."""
+  found = {}
+  for module, targets in graph.items():
+    if module == "metonymy":
+      continue
+    own = floor_of(module, table)
+    if own is None:
+      found[module] = ["unplaced"]
+      continue
+    up = sorted(t for t in targets if t != "metonymy" and (floor_of(t, table) or 0) > own)
+    if up:
+      found[module] = up
+  return found
+
+
+def test_no_import_climbs_a_floor():
+  assert climbing_imports(import_graph(), floors()) == {}
+
+
+def test_an_option_table_imports_nothing_of_the_package():
+  tables = {m: sorted(t) for m, t in import_graph().items() if m.endswith("_options") and t}
+  assert tables == {}
+
+
+def test_the_floor_check_sees_a_planted_climb_and_an_unplaced_module(tmp_path):
+  package = _planted_package(tmp_path, ("training", "probe", "data", "runs"), {
+      "training/evaluate.py": "from metonymy.probe import masks\n",  # same floor: fine here
+      "probe/masks.py": "",
+      "data/__main__.py": "def f():\n  from metonymy.runs import stand_in\n",
+      "runs/stand_in.py": "",
+      "extra.py": ""})
+  table = {"training": 3, "probe": 3, "data": 1, "runs": 4}
+  assert climbing_imports(import_graph(str(package)), table) == {
+      "metonymy.data.__main__": ["metonymy.runs.stand_in"], "metonymy.extra": ["unplaced"]}
+
+
+# Imports sit at the top of a file, where a reader sees what a module depends on. A function may
+# import only what is deferred for a reason a test holds: an optional dependency (absent from
+# requirements.txt; its module names the package to install), or an import cost a named test
+# measures.
+DEFERRED_IMPORTS = {
+    "torch": None, "timm": None, "tensorflow_datasets": None,  # optional dependencies
+    "safetensors.torch": None,  # needs torch
+    # (the test that measures it, the module whose import it keeps out of a process)
+    "sklearn": ("tests/test_writers.py", "sklearn"),  # imported at the first evaluation
+    "tensorboardX": ("tests/test_writers.py", "torch"),  # imported with torch hidden from it
+    "clu.periodic_actions": ("tests/test_writers.py", "tensorflow"),  # after a placeholder
+}
+
+
+def function_level_imports(package_dir=PACKAGE):
+  """[(file, line, imported module)] of the imports inside functions or classes."""
+  found = []
+  for path in _modules(package_dir).values():
+    with open(path) as f:
+      tree = ast.parse(f.read(), path)
+    for top in tree.body:
+      if isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        for node in ast.walk(top):
+          if isinstance(node, ast.Import):
+            found += [(path, node.lineno, alias.name) for alias in node.names]
+          elif isinstance(node, ast.ImportFrom):
+            found += [(path, node.lineno, f"{node.module}.{alias.name}" if node.level == 0
+                       and node.module in ("clu", "safetensors") else node.module or "")
+                      for alias in node.names]
+  return found
+
+
+def _allowed(module):
+  return any(module == name or module.startswith(name + ".") for name in DEFERRED_IMPORTS)
+
+
+def test_imports_sit_at_the_top_unless_a_test_holds_the_reason():
+  stray = [f"{os.path.relpath(path, ROOT)}:{line} imports {module}"
+           for path, line, module in function_level_imports() if not _allowed(module)]
+  assert not stray, stray
+
+
+def test_each_deferred_import_has_its_reason():
+  with open(os.path.join(ROOT, "requirements.txt")) as f:
+    required = f.read()
+  for module, reason in DEFERRED_IMPORTS.items():
+    if reason is None:  # optional: not a requirement of the package
+      assert module.rsplit(".", 1)[-1] not in required, module
+    else:
+      test_file, kept_out = reason
+      with open(os.path.join(ROOT, test_file)) as f:
+        assert f"'{kept_out}' not in sys.modules" in f.read(), (module, reason)
+
+
+def test_the_import_check_sees_a_planted_function_level_import(tmp_path):
+  package = _planted_package(tmp_path, ("training",), {
+      "training/x.py": "import numpy\n\ndef f():\n  from metonymy.training import y\n"
+                       "  from sklearn import cluster\n",
+      "training/y.py": ""})
+  found = [(os.path.basename(p), line, m) for p, line, m in
+           function_level_imports(str(package))]
+  assert found == [("x.py", 4, "metonymy.training"), ("x.py", 5, "sklearn")]
+  assert [m for _, _, m in found if not _allowed(m)] == ["metonymy.training"]
+
+
 def test_a_config_loads_without_jax_or_flax():
   code = ("import sys\n"
           "from metonymy import config_lib\n"

@@ -1,4 +1,4 @@
-"""training/writers.py's MetricsLog and layout.Workdir's readers of what it writes: plain
+"""workdir/writers.py's MetricsLog and layout.Workdir's readers of what it writes: plain
 appends to metrics.jsonl locally; on an object store (the GCS emulator, tests/helpers/gcs_emulator.py)
 one new object per upload, metrics.jsonl.d/<n>.jsonl, read back as one stream, so the bytes a
 run uploads grow with its length, not its square; a resume's trim drops a killed run's records
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from metonymy.training import writers
+from metonymy.workdir import writers
 from metonymy.workdir import Workdir
 from metonymy.workdir import layout
 from tests.helpers import gcs_emulator

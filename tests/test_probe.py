@@ -27,7 +27,7 @@ from metonymy.probe import leakage as leakage_lib
 from metonymy.probe import linear
 from metonymy.evaluation import patch_grid
 from metonymy.probe import masks as masks_lib
-from metonymy.training import writers
+from metonymy.workdir import writers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

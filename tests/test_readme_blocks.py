@@ -1,28 +1,28 @@
-"""metonymy/readme_blocks.py: one block is replaced, the rest of the file is kept byte for byte."""
+"""metonymy/reporting.py: one block is replaced, the rest of the file is kept byte for byte."""
 
 import pytest
 
-from metonymy import readme_blocks
+from metonymy import reporting
 
 
 def test_write_block_replaces_only_its_block(tmp_path):
   path = tmp_path / "README.md"
   path.write_text("# t\n<!-- a:begin -->\nold a\n<!-- a:end -->\nmid\n<!-- b:begin -->\nold b\n"
                   "<!-- b:end -->\nafter\n")
-  readme_blocks.write_block(str(path), "b", "new b\n")
-  readme_blocks.write_block(str(path), "b", "newer b")  # Replaced, not appended.
+  reporting.write_block(str(path), "b", "new b\n")
+  reporting.write_block(str(path), "b", "newer b")  # Replaced, not appended.
   assert path.read_text() == ("# t\n<!-- a:begin -->\nold a\n<!-- a:end -->\nmid\n"
                               "<!-- b:begin -->\nnewer b\n<!-- b:end -->\nafter\n")
-  assert readme_blocks.read_block(str(path), "a")[1] == "\nold a\n"
+  assert reporting.read_block(str(path), "a")[1] == "\nold a\n"
 
 
 def test_missing_file_or_markers_name_them(tmp_path):
   with pytest.raises(FileNotFoundError, match="nope.md"):
-    readme_blocks.read_block(str(tmp_path / "nope.md"), "a")
+    reporting.read_block(str(tmp_path / "nope.md"), "a")
   path = tmp_path / "README.md"
   path.write_text("<!-- a:end -->\n<!-- a:begin -->\n")  # Wrong order.
   with pytest.raises(ValueError, match=r"<!-- a:begin --> ... '<!-- a:end -->'|a:begin"):
-    readme_blocks.write_block(str(path), "a", "x")
+    reporting.write_block(str(path), "a", "x")
   assert path.read_text() == "<!-- a:end -->\n<!-- a:begin -->\n"  # Nothing lost.
 
 
@@ -42,7 +42,7 @@ def test_every_generated_block_names_the_file_it_is_in():
     with open(os.path.join(root, page)) as f:
       text = f.read()
     for name in begin.findall(text):
-      block = readme_blocks.read_block(os.path.join(root, page), name)[1]
+      block = reporting.read_block(os.path.join(root, page), name)[1]
       for named in names.findall(block):
         found += 1
         assert named == page, (page, name, named)

@@ -17,7 +17,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from metonymy import config_lib
-from metonymy import readme_blocks
+from metonymy import reporting
 from metonymy import table3
 from metonymy.runs import subjobs
 from metonymy.table3 import report
@@ -181,9 +181,9 @@ def test_each_world_seed_writes_its_own_readme_block(tmp_path):
     results = json.load(f)
   results["world_seed"] = 1
   report.write(Workdir(os.fspath(tmp_path / "job")).make(), results, None, os.fspath(readme))
-  assert readme_blocks.read_block(os.fspath(readme), "table3:results")[1].strip() == (
+  assert reporting.read_block(os.fspath(readme), "table3:results")[1].strip() == (
       "old table3:results")
-  world1 = readme_blocks.read_block(os.fspath(readme), "table3:results:world1")[1]
+  world1 = reporting.read_block(os.fspath(readme), "table3:results:world1")[1]
   assert "--config.world.seed=1 " in world1 and "| Two-stage | STE masks |" in world1
 
 
@@ -292,7 +292,7 @@ def test_small_job_writes_the_report_figure_and_readme_block(small_table3_run, t
   assert f"| STE | {ste['mean']:.2f} ± {ste['sd']:.2f} |" in text
   assert "position baseline (chance level of NMI / ARI)" in text
   assert os.path.getsize(os.path.join(workdir, report.FIGURE)) > 10_000
-  _, block, tail = readme_blocks.read_block(readme_path, report.README_BLOCK)
+  _, block, tail = reporting.read_block(readme_path, report.README_BLOCK)
   assert "| Two-stage | STE masks |" in block and tail.strip() == "tail"
   assert "| chance: keypoint position alone |" in block
   # A rerun on the finished workdir trains nothing and reports the same numbers (on a copy:

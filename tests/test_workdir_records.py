@@ -10,7 +10,6 @@ are tests/test_demo.py's and tests/test_table3.py's (tests/helpers/shared_runs.p
 one folder and moved to another before any test reads it).
 """
 
-import json
 import os
 import shutil
 import subprocess
@@ -101,7 +100,7 @@ def _assert_loads_from(workdir, train_runs, tmp_path, env=None):
         env=env, cwd=tmp_path)
   assert layout.read_json(probe / "results.json")["masks"]["source"] == "stage1"
   output = tmp_path / "maps_{split}.npz"
-  _command("metonymy.export_part_maps",
+  _command("metonymy.probe.export_part_maps",
            [f"--config={ROOT}/configs/probe_synthetic.py:tiny", f"--workdir={workdir}/"
             f"{train_runs[-1]}", "--split=test", f"--output={output}"], env=env, cwd=tmp_path)
   assert (tmp_path / "maps_test.npz").exists()

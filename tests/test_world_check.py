@@ -1,4 +1,4 @@
-"""The world check (metonymy/world_check.py): what it measures is measured as documented."""
+"""The world check (metonymy/world_check/): what it measures is measured as documented."""
 
 import os
 
@@ -7,7 +7,7 @@ import pytest
 
 from metonymy import config_lib
 from metonymy import loading
-from metonymy import world_check
+from metonymy.world_check import measure as world_check
 from metonymy.converters import store
 
 CONFIG_FILE = os.path.join(os.path.dirname(__file__), "..", "configs", "demo.py")

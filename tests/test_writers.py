@@ -1,11 +1,11 @@
-"""training/writers.py's console progress: clu's ReportProgress measures steps/s between the steps
+"""workdir/writers.py's console progress: clu's ReportProgress measures steps/s between the steps
 it reports, without the time spent inside `pause()`, and imports without TensorFlow."""
 
 import os
 import subprocess
 import sys
 
-from metonymy.training import writers
+from metonymy.workdir import writers
 
 
 def test_progress_reports_on_log_steps_and_leaves_pauses_out(monkeypatch):
@@ -34,7 +34,7 @@ def test_profiler_is_off_by_default(tmp_path):
 
 
 def test_clu_periodic_actions_import_without_tensorflow():
-  code = ("import sys; from metonymy.training import writers; writers._periodic_actions(); "
+  code = ("import sys; from metonymy.workdir import writers; writers._periodic_actions(); "
           "assert 'tensorflow' not in sys.modules")
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
@@ -44,7 +44,8 @@ def test_a_training_process_imports_neither_torch_nor_scikit_learn_before_it_nee
   """Each costs a process 1-2 s of CPU. Torch: the TensorBoard writer never needs it, and it stays
   importable afterwards (the checkpoint converters need it). scikit-learn: only the position
   baseline's k-means, fit at the first evaluation."""
-  code = ("import sys; import numpy as np; from metonymy.training import trainer, writers; "
+  code = ("import sys; import numpy as np; from metonymy.training import trainer; "
+          "from metonymy.workdir import writers; "
           "from metonymy.evaluation import position_baseline; "
           f"w = writers.MetricWriter({str(tmp_path)!r}); w.write_scalars(1, {{'loss': 0.5}}); "
           "assert 'torch' not in sys.modules, 'torch was imported'; "

@@ -6,7 +6,7 @@ Until then the repository shows no URL at all (no placeholder): pyproject.toml h
 `[project.urls]` table and colabs/README.md's `colab:badge` block is empty, so the notebook is
 opened from a checkout (its first cell installs that checkout). This adds, or replaces,
 pyproject.toml's `[project.urls] Repository`, the one record, and from it writes the "Open in
-Colab" badge and the clone command into colabs/README.md's block (metonymy/readme_blocks.py).
+Colab" badge and the clone command into colabs/README.md's block (metonymy/reporting.py).
 tests/test_colab.py checks that the two agree and that a rerun replaces instead of adding. Only
 GitHub URLs: Colab opens notebooks from GitHub.
 """
@@ -25,10 +25,10 @@ URLS_TABLE = re.compile(r"^\[project\.urls\]$", re.MULTILINE)
 COLAB_LINK = re.compile(r"https://colab\.research\.google\.com/github/[\w.-]+/[\w.-]+/blob/main/")
 
 
-def _readme_blocks():
-  sys.path.insert(0, ROOT)  # metonymy/readme_blocks.py, from this checkout.
-  from metonymy import readme_blocks
-  return readme_blocks
+def _reporting():
+  sys.path.insert(0, ROOT)  # metonymy/reporting.py, from this checkout.
+  from metonymy import reporting
+  return reporting
 
 
 def recorded_url(root: str = ROOT) -> str:
@@ -73,7 +73,7 @@ def record(url: str, root: str = ROOT) -> None:
     text = f.read()
   with open(path, "w") as f:
     f.write(set_pyproject_url(text, url))
-  _readme_blocks().write_block(os.path.join(root, COLAB_README), BADGE_BLOCK, badge_block(url))
+  _reporting().write_block(os.path.join(root, COLAB_README), BADGE_BLOCK, badge_block(url))
 
 
 def main(argv) -> int:

@@ -5,15 +5,15 @@ and the world's render rate on one core, to tell the two apart."""
 import time
 from typing import Any, Dict
 
+from metonymy import config_lib
 from metonymy.bench.options import Options
+from metonymy.data import synthetic
+from metonymy.training import inputs
 
 
 def throughput(options: Options) -> Dict[str, Any]:
   """Examples per second of `options.data_batches` batches after the read-ahead has started, and
   of rendering `options.data_examples` examples alone."""
-  from metonymy import config_lib
-  from metonymy.data import synthetic
-  from metonymy.training import inputs
   config = options.vit_config()
   size = options.image_size
   data_config = config_lib.train_data("synthetic", image_size=size, train_split="train",

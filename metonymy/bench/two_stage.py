@@ -21,6 +21,9 @@ import numpy as np
 
 from metonymy.bench import cost
 from metonymy.bench.options import Options, patch_grid, tokens, vit_config
+from metonymy.data import synthetic
+from metonymy.evaluation import patch_grid as patch_grid_lib
+from metonymy.probe import masks
 from metonymy.training import losses
 from metonymy.models import stage1 as stage1_lib
 from metonymy.models import two_stage
@@ -108,9 +111,6 @@ def synthetic_batch(config: vit.ViTConfig, size: int, batch: int, num_parts: Opt
   """(normalized images [B, S, S, 3], patch part ids [B, h, w] in [0, K], K, world info):
   the first `batch` validation images of the synthetic world rendered at `size`, and their
   ground-truth parts on the ViT's patch grid (plurality rule, background K)."""
-  from metonymy.data import synthetic
-  from metonymy.evaluation import patch_grid
-  from metonymy.probe import masks
   world = synthetic.SyntheticConfig(image_size=size)
   source = synthetic.SyntheticParts(world, "val")
   examples = [source[i] for i in range(batch)]
@@ -119,7 +119,7 @@ def synthetic_batch(config: vit.ViTConfig, size: int, batch: int, num_parts: Opt
     raise ValueError(f"two-stage K={k} is below the synthetic world's {world.num_parts} parts")
   stacked = {key: np.stack([e[key] for e in examples]) for key in ("image", "part_segmentation")}
   labels = masks.GroundTruthMasks(k, world.part_names)(stacked).labels
-  ids, _ = patch_grid.patch_part_ids(labels, k, config.patch_size)
+  ids, _ = patch_grid_lib.patch_part_ids(labels, k, config.patch_size)
   images = (stacked["image"].astype(np.float32) / 255.0 - np.asarray(config.image_mean)) / (
       np.asarray(config.image_std))
   return jnp.asarray(images, jnp.float32), jnp.asarray(ids), k, source.info

@@ -21,6 +21,7 @@ import numpy as np
 from metonymy import converters
 from metonymy.bench import cost
 from metonymy.bench.options import Options, patch_grid, sequence_lengths, vit_config
+from metonymy.models import attention_masks
 from metonymy.models import vit
 
 # Our preset -> the timm architecture that is its PyTorch reference.
@@ -113,7 +114,6 @@ def run(model_name: str = "vit_b16", batch_size: int = 8, image_size: int = 224,
   }
   if torch_model is not None:
     import torch
-    from metonymy.models import attention_masks
     x_torch = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
     groups = np.asarray(attention_masks.early_masking_group_ids(ids.reshape(batch_size, -1),
                                                                 num_parts, config.num_prefix))

@@ -17,6 +17,7 @@ import zipfile
 from typing import Any, Dict, Optional
 
 import numpy as np
+from safetensors import safe_open
 
 TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 # Keys under which training scripts nest the backbone's state dict, in the order tried.
@@ -101,7 +102,6 @@ def _read_torch(path: str) -> Dict[str, np.ndarray]:
 
 
 def _read_safetensors(path: str) -> Dict[str, np.ndarray]:
-  from safetensors import safe_open
   tensors = {}
   try:
     with safe_open(path, framework="np") as f:

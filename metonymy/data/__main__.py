@@ -31,6 +31,7 @@ end in seconds before the dataset is downloaded; nothing trained on it means any
 import argparse
 import json
 import pathlib
+import subprocess
 import sys
 import time
 
@@ -56,10 +57,10 @@ class _Progress:
 
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
-  if argv[:1] == ["world-check"]:  # absl flags of its own (a config and its overrides)
-    from metonymy import world_check
-    world_check.command(argv[1:])
-    return 0
+  if argv[:1] == ["world-check"]:
+    # An alias of `python -m metonymy.world_check`, run as that command: the world check reads
+    # a stand-in and trains probes, a floor above the data readers this package holds.
+    return subprocess.call([sys.executable, "-m", "metonymy.world_check", *argv[1:]])
   parser = argparse.ArgumentParser(prog="python -m metonymy.data")
   sub = parser.add_subparsers(dest="command", required=True)
   check = sub.add_parser("check", help="validate a dataset folder; last stdout line is JSON")

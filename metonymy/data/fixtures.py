@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from metonymy.data import chexpert
 from metonymy.data import groupings
 
 # CUB's attributes.txt: prefixes and values in the real file's order (ids 1..312).
@@ -226,7 +227,6 @@ def make_chexpert(tmp: Path, *, small: bool = True, with_test: bool = True,
   """
   if test_layout not in ("chexpert", "chexlocalize"):
     raise ValueError(f"test_layout must be 'chexpert' or 'chexlocalize', not {test_layout!r}")
-  from metonymy.data import chexpert  # Only for its RLE encoder.
   rng = np.random.default_rng(seed)
   tmp = Path(tmp)
   name = "CheXpert-v1.0-small" if small else "CheXpert-v1.0"

@@ -32,7 +32,9 @@ after which `next(it)` is exactly the batch that followed the saved one.
 import math
 from typing import Callable, Dict, Optional
 
+from absl import flags
 import grain
+import jax
 import numpy as np
 
 Example = Dict[str, np.ndarray]
@@ -127,13 +129,12 @@ def make_pipeline(source, *, batch_size: int, train: bool, seed: int = 0,
       copies; if False the last batch of a shard may be short.
     read_threads, prefetch_batches: in-process read-ahead (threads, and batches in flight). One
       thread suits NumPy-bound sources like the synthetic world (more threads contend for the
-      GIL: 1 thread ~1400 ex/s, 2 threads ~850 ex/s at 64 px); I/O- and JPEG-bound sources gain
+      GIL and read fewer examples a second: docs/experiments.md); I/O- and JPEG-bound sources gain
       from more, since decoding releases the GIL. For CPU-bound work use worker_count.
   """
   if batch_size < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")
   if shard_index is None or shard_count is None:
-    import jax  # Only when needed: asking for the process index initializes the backend.
     shard_index = jax.process_index() if shard_index is None else shard_index
     shard_count = jax.process_count() if shard_count is None else shard_count
   if not 0 <= shard_index < shard_count:
@@ -173,7 +174,6 @@ def _allow_unparsed_absl_flags():
   UnparsedFlagAccessError in programs that never parsed them (not started with absl.app) once JAX
   is imported: google/grain#1355, fixed upstream after grain 0.2.18. Marking the flags parsed
   keeps their defaults; programs that did parse their flags are untouched."""
-  from absl import flags
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
 

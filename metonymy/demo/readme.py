@@ -1,13 +1,11 @@
-"""The demo's blocks of README.md, written through metonymy/readme_blocks.py: the headline
+"""The demo's blocks of README.md, written through metonymy/reporting.py: the headline
 results of the default world ("demo:results") and a table with one row per world seed
 ("demo:seeds"), each row written by the run on that world, so seeds run apart fill one table."""
 
 from typing import Dict, List
 
-from metonymy import readme_blocks
+from metonymy import reporting
 from metonymy.demo import tables
-from metonymy.probe import report as probe_report
-from metonymy.runs import text
 
 RESULTS_BLOCK = "demo:results"
 SEEDS_BLOCK = "demo:seeds"
@@ -30,7 +28,7 @@ def results_block(results: Dict) -> str:
 
 def write_results(path: str, results: Dict) -> None:
   """Replaces the "demo:results" block of `path` with this run's."""
-  readme_blocks.write_block(path, RESULTS_BLOCK, results_block(results))
+  reporting.write_block(path, RESULTS_BLOCK, results_block(results))
 
 
 def stand_in_cls_map(quality: Dict):
@@ -42,20 +40,20 @@ def stand_in_cls_map(quality: Dict):
 def seed_row(results: Dict) -> List[str]:
   """This run's row of the per-seed table (SEEDS_HEADER)."""
   s, q = results["summary"], (results["backbone"].get("quality_val") or {})
-  pair = lambda a, b, d=1: f"{text.fmt(s.get(a), d)} / {text.fmt(s.get(b), d)}"
-  return [f"{results['world'].get('seed', 0)}", text.fmt(stand_in_cls_map(q)),
-          pair("ps_late", "ps_early", 3), text.fmt(s["map_single"]),
-          pair("nmi_single", "ari_single"), text.fmt(s["map_two_stage_stage2"]),
-          text.fmt(s["map_two_stage_ensemble"]), pair("nmi_two_stage", "ari_two_stage"),
+  pair = lambda a, b, d=1: f"{reporting.fmt(s.get(a), d)} / {reporting.fmt(s.get(b), d)}"
+  return [f"{results['world'].get('seed', 0)}", reporting.fmt(stand_in_cls_map(q)),
+          pair("ps_late", "ps_early", 3), reporting.fmt(s["map_single"]),
+          pair("nmi_single", "ari_single"), reporting.fmt(s["map_two_stage_stage2"]),
+          reporting.fmt(s["map_two_stage_ensemble"]), pair("nmi_two_stage", "ari_two_stage"),
           pair("nmi_position", "ari_position"),
           pair("max_part_share_single", "max_part_share_two_stage", 2),
-          text.fmt(s["map_chance"]), f"{results['seconds']['total']:.0f} s"]
+          reporting.fmt(s["map_chance"]), f"{results['seconds']['total']:.0f} s"]
 
 
 def write_seed_row(path: str, results: Dict) -> None:
   """Writes this run's row into the "demo:seeds" table of `path`, keeping the other seeds' rows
   (sorted by seed)."""
-  _, block, _ = readme_blocks.read_block(path, SEEDS_BLOCK)
+  _, block, _ = reporting.read_block(path, SEEDS_BLOCK)
   rows = {}
   for line in block.splitlines():
     cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -65,5 +63,5 @@ def write_seed_row(path: str, results: Dict) -> None:
       rows[int(cells[0])] = cells
   row = seed_row(results)
   rows[int(row[0])] = row
-  table = probe_report.markdown_table(SEEDS_HEADER, [rows[k] for k in sorted(rows)])
-  readme_blocks.write_block(path, SEEDS_BLOCK, table)
+  table = reporting.markdown_table(SEEDS_HEADER, [rows[k] for k in sorted(rows)])
+  reporting.write_block(path, SEEDS_BLOCK, table)

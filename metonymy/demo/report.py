@@ -5,17 +5,16 @@ import glob
 import os
 from typing import Dict, List
 
+from metonymy import reporting
 from metonymy.demo import tables
-from metonymy.probe import report as probe_report
 from metonymy.runs import subjobs
-from metonymy.runs import text
-from metonymy.workdir import Workdir
 from metonymy.workdir import layout
+from metonymy.workdir import Workdir
 
 
 def write_story(files: Workdir, results: Dict) -> List[str]:
   """DIR/results.json and DIR/report.md; returns their paths."""
-  path_json = os.fspath(layout.write_json(files.results_file, probe_report.sanitize(results)))
+  path_json = os.fspath(layout.write_json(files.results_file, reporting.sanitize(results)))
   b = results["benchmark"]
   shown = tables.results_tables(results)
   lines = ["# metonymy demo: intra-object leakage on the synthetic parts world", "",
@@ -31,9 +30,9 @@ def write_story(files: Workdir, results: Dict) -> List[str]:
   for m in ("late", "early"):
     matrix = b.get(f"map_matrix_{m}")
     if matrix is not None and parts and groups:
-      rows = [[parts[i]] + [text.fmt(v) for v in matrix[i]] for i in range(len(matrix))]
+      rows = [[parts[i]] + [reporting.fmt(v) for v in matrix[i]] for i in range(len(matrix))]
       lines += [f"Attribute mAP, {m} masking (rows: part features, columns: attribute groups):",
-                "", probe_report.markdown_table([""] + list(groups), rows), ""]
+                "", reporting.markdown_table([""] + list(groups), rows), ""]
   lines += ["Full benchmark report: [benchmark/report.md](benchmark/report.md).", "",
             "## 2. Part discovery from the same backbone", "",
             "Single-stage: Stage 1 on the frozen backbone. Two-stage STE: Stage 1's maps drive "
@@ -54,7 +53,7 @@ def write_story(files: Workdir, results: Dict) -> List[str]:
               shown[6], ""]
   lines += ["## Figures", ""] + _figures(files)
   lines += ["## Timing", "",
-            probe_report.markdown_table(["step", "seconds"],
+            reporting.markdown_table(["step", "seconds"],
                        [[k, f"{v:.0f}"] for k, v in results["seconds"].items()]),
             ""]
   path_md = os.fspath(layout.write_text(files.report_file, "\n".join(lines) + "\n"))

@@ -22,18 +22,18 @@ import jax
 import ml_collections
 
 from metonymy import console
-from metonymy import machine_load
 from metonymy.converters import store
 from metonymy.demo import progress
 from metonymy.demo import readme
 from metonymy.demo import report
 from metonymy.demo import tables
+from metonymy.runs import machine_load
 from metonymy.runs import references
 from metonymy.runs import stand_in
 from metonymy.runs import subjobs
 from metonymy.runs import workers
-from metonymy.workdir import Workdir
 from metonymy.workdir import layout
+from metonymy.workdir import Workdir
 
 
 def run_story(config, workdir) -> Dict:

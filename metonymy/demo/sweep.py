@@ -13,14 +13,13 @@ from typing import Dict, List
 import ml_collections
 
 from metonymy import console
+from metonymy import reporting
 from metonymy.demo import plots
 from metonymy.demo import progress
-from metonymy.probe import report as probe_report
 from metonymy.runs import stand_in
 from metonymy.runs import subjobs
-from metonymy.runs import text
-from metonymy.workdir import Workdir
 from metonymy.workdir import layout
+from metonymy.workdir import Workdir
 
 SWEEP_PNG = "ps_vs_correlation.png"
 
@@ -60,11 +59,12 @@ def write_sweep(files: Workdir, results: Dict) -> List[str]:
   """The plot, DIR/results.json and DIR/report.md; returns their paths."""
   png = os.fspath(files.output(SWEEP_PNG))
   plots.plot_sweep(png, results["points"])
-  path_json = os.fspath(layout.write_json(files.results_file, probe_report.sanitize(results)))
-  rows = [[f"{p['correlation']:g}", text.with_ci(p, "ps_late"), text.with_ci(p, "ps_early"),
-           text.fmt(None if p["ps_late"] is None or p["ps_early"] is None
-                    else p["ps_early"] - p["ps_late"]),
-           text.fmt(p["causal_leakage_late"], 4), text.fmt(p["causal_leakage_early"], 4),
+  path_json = os.fspath(layout.write_json(files.results_file, reporting.sanitize(results)))
+  rows = [[f"{p['correlation']:g}", reporting.with_ci(p, "ps_late"),
+           reporting.with_ci(p, "ps_early"),
+           reporting.fmt(None if p["ps_late"] is None or p["ps_early"] is None
+                         else p["ps_early"] - p["ps_late"]),
+           reporting.fmt(p["causal_leakage_late"], 4), reporting.fmt(p["causal_leakage_early"], 4),
            f"[report]({p['workdir']}/report.md)"] for p in results["points"]]
   w = results["world"]
   lines = ["# PS against cross-part correlation", "",
@@ -72,7 +72,7 @@ def write_sweep(files: Workdir, results: Dict) -> List[str]:
            f"{w['image_size']} px that differ only in their cross-part attribute correlation. "
            "Early masking removes leakage, so what is left of cross-part predictability under it "
            "is the world's real correlation; the late-early gap is leakage.", "",
-           probe_report.markdown_table(["correlation", "PS late", "PS early", "gap (early - late)",
+           reporting.markdown_table(["correlation", "PS late", "PS early", "gap (early - late)",
                        "causal leakage late", "causal leakage early", ""], rows), "",
            f"![PS against correlation]({SWEEP_PNG})", "",
            f"Wall time {results['seconds']['total']:.0f} s.", ""]

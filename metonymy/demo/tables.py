@@ -4,22 +4,20 @@ console show the same numbers the same way."""
 
 from typing import Dict, List, Optional
 
-from metonymy import machine_load
-from metonymy.probe import report as probe_report
+from metonymy import reporting
 from metonymy.runs import references
-from metonymy.runs import text
 
 
 def results_tables(results: Dict) -> List[str]:
   """The headline tables (markdown lines), shared by report.md and README: leakage, part
   discovery, the stand-in's quality and the priors' costs, with blank lines between."""
   b, pd = results["benchmark"], results["part_discovery"]
-  leak = probe_report.markdown_table(
+  leak = reporting.markdown_table(
       ["Masking", "PS (higher = part-specific)", "Causal leakage (0 = none)", "MPPO"], [
-      ["late (pool a plain forward in the part mask)", text.with_ci(b, "ps_late"),
-       text.with_ci(b, "causal_leakage_late", 4), text.with_ci(b, "mppo_late")],
-      ["early (block-masked forward)", text.with_ci(b, "ps_early"),
-       text.with_ci(b, "causal_leakage_early", 4), text.with_ci(b, "mppo_early")]])
+      ["late (pool a plain forward in the part mask)", reporting.with_ci(b, "ps_late"),
+       reporting.with_ci(b, "causal_leakage_late", 4), reporting.with_ci(b, "mppo_late")],
+      ["early (block-masked forward)", reporting.with_ci(b, "ps_early"),
+       reporting.with_ci(b, "causal_leakage_early", 4), reporting.with_ci(b, "mppo_early")]])
   rows = []
   for name, key, heads in (("single-stage", "single", ("stage1",)),
                            ("two-stage STE", "two_stage_ste", ("stage1", "stage2", "ensemble"))):
@@ -27,39 +25,40 @@ def results_tables(results: Dict) -> List[str]:
     label = {"stage1": "Stage 1 head", "stage2": "Stage 2 head (isolated parts)",
              "ensemble": "ensemble (sum of logits)"}
     for i, h in enumerate(heads):
-      parts = ([text.fmt(r[k], 1) for k in ("NMI", "ARI", "NMI_fg", "ARI_fg")]
-               + [text.fmt(r.get("max_part_share"), 2),
-                  f"{text.fmt(r.get('background_share'), 2)} "
-                  f"({text.fmt(r.get('background_share_true'), 2)})"]
+      parts = ([reporting.fmt(r[k], 1) for k in ("NMI", "ARI", "NMI_fg", "ARI_fg")]
+               + [reporting.fmt(r.get("max_part_share"), 2),
+                  f"{reporting.fmt(r.get('background_share'), 2)} "
+                  f"({reporting.fmt(r.get('background_share_true'), 2)})"]
                if i == 0 else ["", "", "", "", "", ""])
-      rows.append([name, label[h], text.fmt(r["mAP"].get(h))] + parts)
+      rows.append([name, label[h], reporting.fmt(r["mAP"].get(h))] + parts)
   chance = pd.get("chance_mAP")
-  rows.append(["constant predictor", "(chance level)", text.fmt(chance), "0", "0", "0", "0", "",
-               ""])
+  rows.append(["constant predictor", "(chance level)", reporting.fmt(chance), "0", "0", "0", "0",
+               "", ""])
   rows += position_rows(pd)
-  discovery = probe_report.markdown_table(
+  discovery = reporting.markdown_table(
       ["Model", "Attribute head", "mAP", "NMI", "ARI", "NMI fg", "ARI fg", "largest part share",
        "background share (truth)"],
       rows)
   quality = (results["backbone"].get("quality_val") or {})
   rows = []
   if "cls/mAP" in quality:  # A supervised stand-in's own heads.
-    rows += [["attribute mAP of its CLS head", text.fmt(quality.get("cls/mAP")),
-              text.fmt(quality.get("chance/mAP"))],
-             ["attribute mAP of its part read-out head", text.fmt(quality.get("parts/mAP")),
-              text.fmt(quality.get("chance/mAP"))]]
+    rows += [["attribute mAP of its CLS head", reporting.fmt(quality.get("cls/mAP")),
+              reporting.fmt(quality.get("chance/mAP"))],
+             ["attribute mAP of its part read-out head", reporting.fmt(quality.get("parts/mAP")),
+              reporting.fmt(quality.get("chance/mAP"))]]
   if "cls_probe/mAP" in quality:
     rows.append(["attribute mAP of linear probes on its frozen CLS token",
-                 text.fmt(quality["cls_probe/mAP"]), text.fmt(quality["cls_probe/chance"])])
+                 reporting.fmt(quality["cls_probe/mAP"]),
+                 reporting.fmt(quality["cls_probe/chance"])])
   if "part_probe/balanced_accuracy" in quality:
     rows += [["a patch token's part, logistic probe (balanced accuracy)",
-              text.fmt(quality["part_probe/balanced_accuracy"]),
-              text.fmt(quality["part_probe/chance"])],
+              reporting.fmt(quality["part_probe/balanced_accuracy"]),
+              reporting.fmt(quality["part_probe/chance"])],
              ["k-means on the last block's foreground tokens vs the true parts (NMI x100)",
-              text.fmt(quality["kmeans_fg/NMI"], 1),
-              f"{text.fmt(quality.get('position_fg/NMI'), 1)} (k-means on the patch position)"
+              reporting.fmt(quality["kmeans_fg/NMI"], 1),
+              f"{reporting.fmt(quality.get('position_fg/NMI'), 1)} (k-means on the patch position)"
               if "position_fg/NMI" in quality else "0"]]
-  stand_in = probe_report.markdown_table(["Stand-in backbone, on `val`", "value", "chance level"],
+  stand_in = reporting.markdown_table(["Stand-in backbone, on `val`", "value", "chance level"],
                    rows) if quality else ""
   return [leak, "", discovery, "", stand_in, "", priors_table(pd.get("priors"))]
 
@@ -78,7 +77,7 @@ def position_rows(part_discovery: Dict) -> List[List[str]]:
     shown = [("", p) for _, p in measured[:1]]
   return [["chance: keypoint position alone" + suffix,
            "(k-means on the training keypoints; no image)", "",
-           *(text.fmt(p[k], 1) for k in ("NMI", "ARI", "NMI_fg", "ARI_fg")), "", ""]
+           *(reporting.fmt(p[k], 1) for k in ("NMI", "ARI", "NMI_fg", "ARI_fg")), "", ""]
           for suffix, p in shown]
 
 
@@ -88,12 +87,12 @@ def priors_table(priors: Optional[Dict[str, Dict]]) -> str:
   the priors logs none: no row)."""
   if not priors:
     return ""
-  rows = [[label, *(text.fmt(priors[key].get(name)) for name in references.MAP_PRIORS)]
+  rows = [[label, *(reporting.fmt(priors[key].get(name)) for name in references.MAP_PRIORS)]
           for key, label in (("truth", "ground-truth parts on the patch grid (one-hot)"),
                              ("single", "single-stage maps, last training batch"),
                              ("two_stage_ste", "two-stage STE maps, last training batch"))
           if key in priors and any(v is not None for v in priors[key].values())]
-  return probe_report.markdown_table(
+  return reporting.markdown_table(
       ["Part-shaping priors (unweighted, lower = preferred)", "total variation",
        "foreground presence", "background presence", "entropy"], rows)
 
@@ -120,12 +119,13 @@ def describe(results: Dict) -> str:
           f"intervals over test images. Part discovery: {pd['train_steps']['single']} "
           f"(single-stage) and {pd['train_steps']['two_stage_ste']} (two-stage STE) training "
           f"steps, from one Stage-1 initialisation (Stage 2's ViT moved by "
-          f"{text.fmt(pd['two_stage_ste'].get('stage2_vit_relative_change'), 4)} of its norm), "
-          f"evaluated on the {text.fmt_int(pd['single'].get('num_examples'))} first "
+          f"{reporting.fmt(pd['two_stage_ste'].get('stage2_vit_relative_change'), 4)} of its "
+          f"norm), "
+          f"evaluated on the {reporting.fmt_int(pd['single'].get('num_examples'))} first "
           f"`{pd['eval_split']}` images (NMI/ARI x100, keypoints vs argmax part; \"fg\": argmax "
           f"over the foreground parts only; largest part share: the biggest share of the "
           f"evaluation patches any part, background included, takes). "
-          + machine_load.wall_time_text(f"{results['seconds']['total']:.0f} s",
+          + reporting.wall_time_text(f"{results['seconds']['total']:.0f} s",
                                         results['seconds']['total'], results['machine']) + ".")
 
 
@@ -136,10 +136,11 @@ def collapse_warnings(results: Dict) -> List[str]:
     r = results["part_discovery"][key]
     if r.get("collapsed"):
       shares = r.get("part_share") or []
-      lines.append(f"**Collapse** ({name}): a part holds {text.fmt(r.get('max_part_share'))} of "
+      lines.append(f"**Collapse** ({name}): a part holds "
+                   f"{reporting.fmt(r.get('max_part_share'))} of "
                    f"the evaluation patches or a part is empty "
-                   f"({text.fmt_int(r.get('empty_parts'))} empty); shares (background last): "
-                   f"{', '.join(text.fmt(v, 2) for v in shares)}.")
+                   f"({reporting.fmt_int(r.get('empty_parts'))} empty); shares (background last): "
+                   f"{', '.join(reporting.fmt(v, 2) for v in shares)}.")
   return lines
 
 
@@ -149,9 +150,9 @@ def summary_line(results: Dict) -> str:
   return ("[demo] PS late {} / early {}; causal leakage late {} / early {}; mAP single {} / "
           "two-stage stage 2 {} / ensemble {}; NMI single {} / two-stage {} (keypoint position "
           "alone {})").format(
-              text.fmt(s["ps_late"]), text.fmt(s["ps_early"]),
-              text.fmt(s["causal_leakage_late"], 4),
-              text.fmt(s["causal_leakage_early"], 4), text.fmt(s["map_single"]),
-              text.fmt(s["map_two_stage_stage2"]), text.fmt(s["map_two_stage_ensemble"]),
-              text.fmt(s["nmi_single"], 1), text.fmt(s["nmi_two_stage"], 1),
-              text.fmt(s.get("nmi_position"), 1))
+              reporting.fmt(s["ps_late"]), reporting.fmt(s["ps_early"]),
+              reporting.fmt(s["causal_leakage_late"], 4),
+              reporting.fmt(s["causal_leakage_early"], 4), reporting.fmt(s["map_single"]),
+              reporting.fmt(s["map_two_stage_stage2"]), reporting.fmt(s["map_two_stage_ensemble"]),
+              reporting.fmt(s["nmi_single"], 1), reporting.fmt(s["nmi_two_stage"], 1),
+              reporting.fmt(s.get("nmi_position"), 1))

@@ -14,6 +14,7 @@ Colours: `part_colors(K)` gives every part its own colour and the background a f
 from another palette, so a part and a group sharing a colour is never read as a match.
 """
 
+import colorsys
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -89,7 +90,6 @@ def _palette(n: int, table) -> np.ndarray:
   if n <= len(table):
     return np.asarray(table[:n], np.uint8)
   # More than the table holds: evenly spaced hues (value alternating so neighbours differ).
-  import colorsys
   extra = [colorsys.hsv_to_rgb(i / (n - len(table)), 0.75, 0.95 if i % 2 else 0.7)
            for i in range(n - len(table))]
   return np.concatenate([np.asarray(table, np.uint8),

@@ -1,9 +1,12 @@
-"""Stage 2's options (models/two_stage.py `Stage2`): their values, defaults and check, written once.
+"""Stage 2's options (models/two_stage.py `Stage2`): their values, defaults, named variants and
+check, written once.
 
-The config block (config_lib.two_stage_model) and the `Stage2` module both take their defaults
-from DEFAULTS, and `Stage2` runs `check` on whatever it is built with: a config's values after
-its command-line overrides, or a direct call. No JAX or Flax here: config_lib imports this, and a
-config loads without them.
+The config block (config_lib.two_stage_model), the configs' two-stage variants
+(config_lib.two_stage: configs/<dataset>_<mask>.py, Table 3's rows) and the `Stage2` module all
+read DEFAULTS and VARIANTS here, and `Stage2` runs `check` on whatever it is built with: a
+config's values after its command-line overrides, or a direct call. The table lives in models/
+because `Stage2` needs its defaults and models/ imports nothing outside itself. No JAX or Flax
+here: config_lib imports this, and a config loads without them.
 """
 
 MASKS = ("soft", "hard", "ste")
@@ -11,14 +14,30 @@ FEATURES = ("cls", "cls_registers")
 STE_SCOPES = ("layer", "stream")
 HARD_GRADIENTS = ("selected", "none")
 
-# The config's model.stage2 block less its mask, which a config always names.
+# The config's model.stage2 block and `Stage2`'s defaults. A config always names its mask (a
+# variant below); "ste" is the module's own default, for a direct call.
 DEFAULTS = {
+    "mask": "ste",
     "feature": "cls",
     "ste_scope": "layer",
     "hard_gradient": "selected",
     "drop_background": True,
     "attention_tiles": 0,
 }
+
+# The two-stage variants by name: the options each sets over DEFAULTS. Each mask goes by its own
+# name; "hard_none" is hard masks as the main text reads them (paper §4.0.2: the argmax blocks the
+# gradient, so Stage 1 learns from its own losses alone), Table 3's counterfactual.
+VARIANTS = {**{mask: {"mask": mask} for mask in MASKS},
+            "hard_none": {"mask": "hard", "hard_gradient": "none"}}
+
+
+def variant(name: str) -> dict:
+  """The Stage-2 options of the two-stage variant `name` over DEFAULTS (a copy); an unknown name
+  is refused, naming the known ones."""
+  if name not in VARIANTS:
+    raise ValueError(f"Unknown two-stage variant {name!r}; known are {sorted(VARIANTS)}.")
+  return dict(VARIANTS[name])
 
 
 def check(mask: str, feature: str, ste_scope: str, hard_gradient: str) -> None:

@@ -89,7 +89,7 @@ class Stage2(nn.Module):
   backbone: vit.ViTConfig
   num_parts: int
   num_attributes: int
-  mask: str = "ste"
+  mask: str = stage2_options.DEFAULTS["mask"]
   feature: str = stage2_options.DEFAULTS["feature"]
   ste_scope: str = stage2_options.DEFAULTS["ste_scope"]
   hard_gradient: str = stage2_options.DEFAULTS["hard_gradient"]

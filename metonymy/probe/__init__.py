@@ -12,8 +12,8 @@ probes, PS / MPPO / NMI / ARI / causal leakage, reports. The job is `run(config,
   job        run(config, workdir)
 """
 
+from metonymy.probe import job
+
 
 def run(config, workdir):
-  # Imported on call, so `import metonymy.probe` stays light (no JAX, no matplotlib).
-  from metonymy.probe import job
   return job.run(config, workdir)

@@ -28,6 +28,7 @@ import numpy as np
 from absl import logging
 
 from metonymy import data as data_lib
+from metonymy.data import pipeline as pipeline_lib
 from metonymy.data import transforms as transforms_lib
 from metonymy.evaluation import bootstrap as bootstrap_lib
 from metonymy.evaluation import metrics
@@ -449,7 +450,6 @@ def causal_leakage(extractors, params, vit_config, config, mask_source, seed: in
   maskings = list(extractors)
   transforms = eval_transforms(vit_config, data_cfg)
   subset = extract_lib.IndexSubset(source, np.arange(count))
-  from metonymy.data import pipeline as pipeline_lib
   ds = pipeline_lib.make_pipeline(subset, batch_size=int(features_cfg.batch_size), train=False,
                                   transforms=transforms, shard_index=0, shard_count=1,
                                   read_threads=int(data_cfg.read_threads))

@@ -13,6 +13,7 @@ import os
 import tempfile
 from typing import Dict, List, Mapping
 
+import jax
 import numpy as np
 
 from metonymy.workdir import layout
@@ -27,7 +28,6 @@ def fingerprint(obj) -> str:
 def params_fingerprint(params) -> str:
   """Hash of every parameter's path, shape, dtype and bytes: two backbones share a cache only if
   their weights are bit-identical."""
-  import jax  # Local: the store itself needs no JAX.
   digest = hashlib.blake2b(digest_size=8)
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
     array = np.ascontiguousarray(np.asarray(leaf))

@@ -19,6 +19,7 @@ from any requested stream are recomputed for exactly those streams.
 from typing import Callable, Dict, List, Mapping, Sequence
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from metonymy.data import pipeline as pipeline_lib
 from metonymy.probe import cache as cache_lib
@@ -104,7 +105,6 @@ def extract(source, *, stores: Mapping[str, cache_lib.ChunkStore], mask_source, 
       first.chunk_range(i)[1] - first.chunk_range(i)[0] for i in todo)
   bar = None
   if progress and todo:
-    from tqdm.auto import tqdm
     bar = tqdm(total=first.num_examples, initial=done_examples, desc=description or "features",
                unit="img", dynamic_ncols=True)
   try:

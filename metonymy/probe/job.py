@@ -22,8 +22,8 @@ from metonymy import console
 from metonymy import loading
 from metonymy.probe import benchmark
 from metonymy.probe import report
-from metonymy.training import writers
 from metonymy.workdir import Workdir
+from metonymy.workdir import writers
 
 
 def backbone_entries(config) -> List[Tuple[str, object]]:

@@ -46,6 +46,7 @@ from typing import Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
+from metonymy import loading
 from metonymy.evaluation import part_names as part_names_lib
 from metonymy.evaluation import patch_grid
 from metonymy.probe import cache as cache_lib
@@ -263,7 +264,6 @@ class Stage1Masks:
   """
 
   def __init__(self, workdir: str, image_mean, image_std, part_names: Sequence[str] = ()):
-    from metonymy import loading  # Lazy: only this source loads a trained model.
     if not workdir:
       raise ValueError("masks.source='stage1' needs masks.path = a Stage-1 training workdir")
     self.path = workdir

@@ -16,6 +16,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from metonymy import reporting
 from metonymy.evaluation import bootstrap as bootstrap_lib
 from metonymy.evaluation import part_names as part_names_lib
 from metonymy.probe import plots
@@ -90,23 +91,6 @@ def build_results(config, backbones: Mapping[str, List[Dict]], skipped: Mapping[
   return out
 
 
-def sanitize(obj):
-  """JSON-ready copy: NumPy scalars and arrays to Python, NaN and infinities to None."""
-  if isinstance(obj, dict):
-    return {str(k): sanitize(v) for k, v in obj.items()}
-  if isinstance(obj, (list, tuple)):
-    return [sanitize(v) for v in obj]
-  if isinstance(obj, np.ndarray):
-    return sanitize(obj.tolist())
-  if isinstance(obj, (np.bool_, bool)):
-    return bool(obj)
-  if isinstance(obj, (np.integer, int)):
-    return int(obj)
-  if isinstance(obj, (np.floating, float)):
-    return float(obj) if math.isfinite(float(obj)) else None
-  return obj
-
-
 def _arch(vit_info: Optional[Dict]) -> str:
   if not vit_info:
     return ""
@@ -127,17 +111,11 @@ def _cell(summary: Dict, key: str, digits: int = 3) -> str:
   return bootstrap_lib.format_ci(mean, *(np.nan if v is None else v for v in ci), digits=digits)
 
 
-def markdown_table(header: List[str], rows: List[List[str]]) -> str:
-  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-  lines += ["| " + " | ".join(r) + " |" for r in rows]
-  return "\n".join(lines)
-
-
 def _matrix_md(matrix, row_names, col_names, digits=3) -> str:
   m = _to_array(matrix)
   rows = [[row_names[i]] + [("n/a" if not np.isfinite(v) else f"{v:.{digits}f}") for v in m[i]]
           for i in range(m.shape[0])]
-  return markdown_table([""] + list(col_names), rows)
+  return reporting.markdown_table([""] + list(col_names), rows)
 
 
 def write(workdir: str, config, results: Dict, visuals: Mapping[str, Dict],
@@ -145,7 +123,7 @@ def write(workdir: str, config, results: Dict, visuals: Mapping[str, Dict],
   """Writes results.json, report.md and the PNGs; returns the files written."""
   written = []
   files = Workdir(workdir)
-  path = os.fspath(layout.write_json(files.results_file, sanitize(results)))
+  path = os.fspath(layout.write_json(files.results_file, reporting.sanitize(results)))
   written.append(path)
 
   dataset = results["dataset"]
@@ -176,7 +154,7 @@ def write(workdir: str, config, results: Dict, visuals: Mapping[str, Dict],
       row += [_cell(b, "mppo_late"), _cell(b, "mppo_early")]
     rows.append(row)
   lines += ["## Part specificity and causal leakage (Table 1 layout)", "",
-            markdown_table(header, rows), ""]
+            reporting.markdown_table(header, rows), ""]
   table1 = os.fspath(files.output("table1.png"))
   plots.table_figure(table1, header, rows, f"PS and causal leakage on {dataset}")
   lines += ["![table 1](table1.png)", ""]
@@ -206,7 +184,7 @@ def write(workdir: str, config, results: Dict, visuals: Mapping[str, Dict],
                      + [_cell(b, f"mppo_{masking}", 2)])
     note = (" (mean MPPO_a over each group's attributes)" if by_group else "")
     lines += [f"## Most predictive part overlap (Table 2 layout){note}", "",
-              markdown_table(header2, rows2), ""]
+              reporting.markdown_table(header2, rows2), ""]
     table2 = os.fspath(files.output("table2.png"))
     plots.table_figure(table2, header2, rows2, f"MPPO on {dataset}")
     lines += ["![table 2](table2.png)", ""]
@@ -233,13 +211,15 @@ def write(workdir: str, config, results: Dict, visuals: Mapping[str, Dict],
       ps_rows.append([group, ", ".join(matched) or "none", seed0["assignment_source"][g]]
                      + [_fmt(b["mean"].get(f"ps_per_group_{m}"), g) for m in ("late", "early")])
     lines += ["Per-group PS (K_g^+ from the contingency with c > tau, or manual):", "",
-              markdown_table(["Group", "K_g^+", "from", "PS_g late", "PS_g early"], ps_rows), ""]
+              reporting.markdown_table(["Group", "K_g^+", "from", "PS_g late", "PS_g early"],
+                                       ps_rows), ""]
     terms = [[m, _cell(b, f"map_matched_{m}"), _cell(b, f"map_other_{m}"), _cell(b, f"ps_{m}")]
              for m in seed0["maskings"] if f"map_matched_{m}" in b["mean"]]
     if terms:
       lines += ["The two terms of eq. 1, averaged over the groups with a defined PS_g (leakage "
                 "raises the mAP of the other parts):", "",
-                markdown_table(["Masking", "mAP, matched parts", "mAP, other parts", "PS"], terms), ""]
+                reporting.markdown_table(["Masking", "mAP, matched parts", "mAP, other parts", "PS"],
+                                         terms), ""]
     if "nmi_with_background" in b["mean"] or "nmi_foreground" in b["mean"]:
       fit = seed0.get("position_baseline")
       position = [[f"chance: keypoint position alone (k-means, {fit['num_clusters']} clusters, "
@@ -252,7 +232,7 @@ def write(workdir: str, config, results: Dict, visuals: Mapping[str, Dict],
                 "the part under the keypoint by argmax over the K parts and the background; "
                 "foreground only (MPAE): the argmax over the K foreground maps (soft maps), or the "
                 "keypoints on the background dropped (hard part labels).", "",
-                markdown_table(["", "NMI", "ARI"], [
+                reporting.markdown_table(["", "NMI", "ARI"], [
                     ["with background", _cell(b, "nmi_with_background", 2),
                      _cell(b, "ari_with_background", 2)],
                     ["foreground only", _cell(b, "nmi_foreground", 2),

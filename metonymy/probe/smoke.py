@@ -1,7 +1,6 @@
 """A backbone smoke run: both forwards, the zero-leakage invariant, shapes and timings."""
 
 import json
-import os
 import time
 
 import jax

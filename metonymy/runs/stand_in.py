@@ -13,15 +13,15 @@ import ml_collections
 
 from metonymy import console
 from metonymy import loading
+from metonymy import reporting
 from metonymy.converters import store
 from metonymy.models import vit
 from metonymy.probe import benchmark
 from metonymy.runs import subjobs
 from metonymy.training import pretraining
-from metonymy.training import writers
-from metonymy.runs import text
-from metonymy.workdir import Workdir
 from metonymy.workdir import layout
+from metonymy.workdir import Workdir
+from metonymy.workdir import writers
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
 BACKBONE_DIR = layout.BACKBONE_DIR  # DIR/backbone: a converted backbone folder
@@ -128,13 +128,13 @@ def pretrain_stand_in(config, world, state_dir: str = "", writer=None):
 
   def evaluate(step, params, heads):
     quality = stand_in_quality(config, world, vit_config, params, heads)
-    blocks = " / ".join(text.fmt(quality.get(f"kmeans_fg/NMI/block{b + 1}"), 1)
+    blocks = " / ".join(reporting.fmt(quality.get(f"kmeans_fg/NMI/block{b + 1}"), 1)
                         for b in range(vit_config.depth))
     console.console(f"[demo] stand-in at step {step}, on val: k-means fg NMI "
-                    f"{text.fmt(quality.get('kmeans_fg/NMI'), 1)} (blocks {blocks}; position "
-                    f"alone {text.fmt(quality.get('position_fg/NMI'), 1)}), a patch's part "
-                    f"{text.fmt(quality.get('part_probe/balanced_accuracy'))}, CLS attribute "
-                    f"probe mAP {text.fmt(quality.get('cls_probe/mAP'))}")
+                    f"{reporting.fmt(quality.get('kmeans_fg/NMI'), 1)} (blocks {blocks}; position "
+                    f"alone {reporting.fmt(quality.get('position_fg/NMI'), 1)}), a patch's part "
+                    f"{reporting.fmt(quality.get('part_probe/balanced_accuracy'))}, CLS attribute "
+                    f"probe mAP {reporting.fmt(quality.get('cls_probe/mAP'))}")
     return quality
 
   console.console(f"[demo] pretraining a ViT (patch {vit_config.patch_size}, width "
@@ -235,10 +235,10 @@ def pretrained_backbone(config, workdir, world) -> Tuple[str, Optional[Dict]]:
                     f"--config.backbone.checkpoint={path} works in every config)")
   quality = record.get("quality_val") or {}
   console.console(f"[demo] the stand-in on val: k-means of its last block's foreground tokens "
-                  f"NMI {text.fmt(quality.get('kmeans_fg/NMI'), 1)} (position alone "
-                  f"{text.fmt(quality.get('position_fg/NMI'), 1)}), CLS attribute probe mAP "
-                  f"{text.fmt(quality.get('cls_probe/mAP'))} (constant predictor "
-                  f"{text.fmt(quality.get('cls_probe/chance'))})")
+                  f"NMI {reporting.fmt(quality.get('kmeans_fg/NMI'), 1)} (position alone "
+                  f"{reporting.fmt(quality.get('position_fg/NMI'), 1)}), CLS attribute probe mAP "
+                  f"{reporting.fmt(quality.get('cls_probe/mAP'))} (constant predictor "
+                  f"{reporting.fmt(quality.get('cls_probe/chance'))})")
   return path, record
 
 

@@ -2,9 +2,9 @@
 benchmark and trainings.
 
 On a CPU, XLA's thread pool keeps the cores busy only part of the time on the project's small
-synthetic-world models: the stand-in's pretraining, measured on 2 cores, runs 1.7 steps/s alone
-and 1.35 steps/s each with two at once (2.7 in all). Sub-runs that only share their inputs (the
-stand-in, the world) can then run `processes` at a time. Each task is a module-level function
+synthetic-world models, so two runs at once do more in all than one (docs/experiments.md has
+the rates). Sub-runs that only share their inputs (the stand-in, the world) can then run
+`processes` at a time. Each task is a module-level function
 that runs the project's own sub-jobs (launcher.launch on a Workdir.sub handle, exactly as in the
 job's own process; a run's numbers are the same bit for bit) and returns what the job needs
 (picklable). A task's console and logs go to its log file.
@@ -24,6 +24,8 @@ import threading
 import time
 import traceback
 from typing import Any, Callable, Iterator, List, Sequence
+
+import jax
 
 from metonymy import console
 
@@ -50,7 +52,6 @@ def process_count(requested: int, num_tasks: int) -> int:
   if requested < 0:
     raise ValueError(f"config.run_processes={requested}: expected 0 (automatic) or a count >= 1.")
   if requested == 0:
-    import jax
     requested = 2 if jax.default_backend() == "cpu" and (os.cpu_count() or 1) >= 2 else 1
   return max(1, min(requested, num_tasks))
 

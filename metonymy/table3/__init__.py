@@ -18,7 +18,8 @@ reference numbers are metonymy/runs/'s, which the demo uses too.
 
 from typing import Dict
 
+from metonymy.table3 import job
+
 
 def run(config, workdir) -> Dict:
-  from metonymy.table3 import job  # Imported on call: `import metonymy.table3` stays light.
   return job.run(config, workdir)

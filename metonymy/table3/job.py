@@ -11,7 +11,7 @@ import time
 from typing import Dict
 
 from metonymy import console
-from metonymy import machine_load
+from metonymy.runs import machine_load
 from metonymy.runs import references
 from metonymy.runs import stand_in
 from metonymy.runs import subjobs

@@ -10,14 +10,11 @@ import matplotlib
 from matplotlib import patches
 import numpy as np
 
-from metonymy import machine_load
-from metonymy import readme_blocks
+from metonymy import reporting
 from metonymy.evaluation import part_names as part_names_lib
 from metonymy.probe import plots
-from metonymy.probe import report as probe_report
-from metonymy.runs import text
-from metonymy.workdir import Workdir
 from metonymy.workdir import layout
+from metonymy.workdir import Workdir
 
 README_BLOCK = "table3:results"  # world seed 0's block; readme_block_name gives the others'
 
@@ -50,8 +47,8 @@ def label(variant: str) -> str:
 def _mean_sd(cell: Dict, digits: int) -> str:
   if cell["mean"] is None:
     return "n/a"
-  sd = "" if cell["sd"] is None else f" ± {text.fmt(cell['sd'], digits)}"
-  return text.fmt(cell["mean"], digits) + sd
+  sd = "" if cell["sd"] is None else f" ± {reporting.fmt(cell['sd'], digits)}"
+  return reporting.fmt(cell["mean"], digits) + sd
 
 
 def _interval(cell: Dict, digits: int) -> str:
@@ -67,7 +64,7 @@ def _interval(cell: Dict, digits: int) -> str:
 
 def row_line(row: Dict) -> str:
   """One console line per finished run."""
-  fmt = text.fmt
+  fmt = reporting.fmt
   return (f"[table3] {row['variant']} seed {row['seed']}: NMI {fmt(row['NMI'], 1)}, ARI "
           f"{fmt(row['ARI'], 1)}, PS {fmt(row['PS'], 3)}, MPPO {fmt(row['MPPO'], 3)}, mAP stage 1 "
           f"{fmt(row['mAP_stage1'], 3)} / stage 2 {fmt(row['mAP_stage2'], 3)}, largest part share "
@@ -89,7 +86,8 @@ def table3(results: Dict) -> str:
     rows.append([setting, method] + [_mean_sd(cells[key], d) if key in cells else "n/a"
                                      for key, _, d in COLUMNS])
   chance = ["constant predictor", "(chance level)", "0", "0", "0"] + [""] * (len(COLUMNS) - 3)
-  chance[COLUMNS.index(("mAP_stage1", "mAP Stage 1", 3)) + 2] = text.fmt(results["chance_mAP"], 3)
+  chance[COLUMNS.index(("mAP_stage1", "mAP Stage 1", 3)) + 2] = reporting.fmt(
+      results["chance_mAP"], 3)
   rows.append(chance)
   position = results.get("position_baseline")
   if position:
@@ -97,7 +95,7 @@ def table3(results: Dict) -> str:
     row[2 + COLUMNS.index(("ARI", "ARI", 1))] = _mean_sd(position["ARI"], 1)
     row[2 + COLUMNS.index(("NMI", "NMI", 1))] = _mean_sd(position["NMI"], 1)
     rows.append(row)
-  return probe_report.markdown_table(header, rows)
+  return reporting.markdown_table(header, rows)
 
 
 def position_method(position: Dict) -> str:
@@ -114,7 +112,7 @@ def paired_table(results: Dict) -> str:
   rows = [[label(v) + f" (seeds {', '.join(map(str, cells['seeds']))})"]
           + [_interval(cells[m], d) for m, d in PAIRED]
           for v, cells in results["paired"].items()]
-  return probe_report.markdown_table(header, rows)
+  return reporting.markdown_table(header, rows)
 
 
 def _true_parts(results: Dict) -> List[str]:
@@ -142,10 +140,10 @@ def coverage_tables(results: Dict) -> str:
     paired = [[label(v) + f" (seeds {', '.join(map(str, cells['seeds']))})"]
               + [_interval(cells[k], 2) if k in cells else "n/a" for k in keys]
               for v, cells in results["paired"].items()]
-    blocks += [probe_report.markdown_table(header, rows),
+    blocks += [reporting.markdown_table(header, rows),
                f"{title}, two-stage variant − single-stage (paired by seed, 95% t interval; bold "
                f"where it excludes 0):",
-               probe_report.markdown_table(
+               reporting.markdown_table(
                    ["Two-stage variant − single-stage", f"Δ {title.lower()}, mean"]
                    + [f"Δ {p}" for p in parts], paired)]
   return "\n\n".join(blocks)
@@ -173,12 +171,12 @@ def stage2_table(results: Dict) -> str:
     if variant == "single":
       continue
     rows.append([label(variant),
-                 text.fmt(_mean(r["relative_change"].get("backbone") for r in rs), 4),
-                 text.fmt(_mean(r["mAP_stage2_start"] for r in rs), 3),
-                 text.fmt(_mean(r["mAP_stage2"] for r in rs), 3),
-                 text.fmt(_mean(r["mAP_stage1_start"] for r in rs), 3),
-                 text.fmt(_mean(r["mAP_stage1"] for r in rs), 3)])
-  return probe_report.markdown_table(header, rows)
+                 reporting.fmt(_mean(r["relative_change"].get("backbone") for r in rs), 4),
+                 reporting.fmt(_mean(r["mAP_stage2_start"] for r in rs), 3),
+                 reporting.fmt(_mean(r["mAP_stage2"] for r in rs), 3),
+                 reporting.fmt(_mean(r["mAP_stage1_start"] for r in rs), 3),
+                 reporting.fmt(_mean(r["mAP_stage1"] for r in rs), 3)])
+  return reporting.markdown_table(header, rows)
 
 
 def mechanism_table(results: Dict) -> str:
@@ -192,8 +190,8 @@ def mechanism_table(results: Dict) -> str:
   for variant, rs in _by_variant(results["rows"]).items():
     for when, key in (("step 0", "grad_norm_start"), ("end", "grad_norm_end")):
       rows.append([label(variant), when]
-                  + [text.fmt(_mean(r[key].get(t) for r in rs), 3) for t in terms])
-  return probe_report.markdown_table(header, rows)
+                  + [reporting.fmt(_mean(r[key].get(t) for r in rs), 3) for t in terms])
+  return reporting.markdown_table(header, rows)
 
 
 def seed_table(results: Dict) -> str:
@@ -205,8 +203,8 @@ def seed_table(results: Dict) -> str:
             "max_part_share": 2, "background_share": 2, "background_share_true": 2, "coverage": 2,
             "area_ratio": 2}
   rows = [[str(r[k]) if k in ("variant", "seed", "world_seed", "collapsed")
-           else text.fmt(r.get(k), digits.get(k, 1)) for k in keys] for r in results["rows"]]
-  return probe_report.markdown_table(list(keys), rows)
+           else reporting.fmt(r.get(k), digits.get(k, 1)) for k in keys] for r in results["rows"]]
+  return reporting.markdown_table(list(keys), rows)
 
 
 def _setting(results: Dict) -> str:
@@ -229,7 +227,7 @@ def _setting(results: Dict) -> str:
           f"(background included; \"fg\": foreground parts only); PS / MPPO: linear probes on the "
           f"model's own part features over its discovered parts (late masking of the frozen "
           f"backbone for single-stage, early masking of the trained Stage-2 ViT for two-stage). "
-          + machine_load.wall_time_text(f"{results['seconds'] / 60:.0f} min", results["seconds"],
+          + reporting.wall_time_text(f"{results['seconds'] / 60:.0f} min", results["seconds"],
                                         results["machine"]) + _read_back_text(results) + ".")
 
 
@@ -263,15 +261,16 @@ def summary_lines(results: Dict) -> List[str]:
   position = results.get("position_baseline")
   if position:
     lines.append(f"position baseline (chance level of NMI / ARI): NMI "
-                 f"{text.fmt(position['NMI']['mean'], 1)}, ARI "
-                 f"{text.fmt(position['ARI']['mean'], 1)}; "
+                 f"{reporting.fmt(position['NMI']['mean'], 1)}, ARI "
+                 f"{reporting.fmt(position['ARI']['mean'], 1)}; "
                  + ("the same for every variant of a seed" if position["equal_across_variants"]
                     else "DIFFERS across the variants of a seed: "
                     + "; ".join(position["unequal"])))
   truth = [r.get("background_share_true") for r in results["rows"]
            if r.get("background_share_true") is not None]
   if truth:
-    lines.append(f"background channel: the true background is {text.fmt(np.mean(truth), 2)} of "
+    lines.append(f"background channel: the true background is "
+                 f"{reporting.fmt(np.mean(truth), 2)} of "
                  "the patches (the `background share` column is each variant's channel)")
   collapsed = [f"{r['variant']} seed {r['seed']}" for r in results["rows"] if r["collapsed"]]
   lines.append("collapse watch: " + (", ".join(collapsed) + " collapsed (one part above 90% of "
@@ -282,7 +281,7 @@ def summary_lines(results: Dict) -> List[str]:
 
 
 def markdown(results: Dict) -> str:
-  chance = text.fmt(results["chance_mAP"], 3)
+  chance = reporting.fmt(results["chance_mAP"], 3)
   return "\n\n".join([
       f"# Table 3 on the synthetic world (world seed {results['world_seed']})",
       _setting(results),
@@ -393,13 +392,13 @@ def part_map_figure(path: str, maps: Dict) -> None:
 def write(files: Workdir, results: Dict, maps: Optional[Dict], readme: str = "") -> List[str]:
   """results.json, the figure (from part_maps.compute's `maps`, when there are any), report.md
   and, with `readme`, its block there; returns the paths written."""
-  written = [os.fspath(layout.write_json(files.results_file, probe_report.sanitize(results)))]
+  written = [os.fspath(layout.write_json(files.results_file, reporting.sanitize(results)))]
   if maps is not None:
     part_map_figure(os.fspath(files.output(FIGURE)), maps)
     written.append(os.fspath(files.output(FIGURE)))
   written.append(os.fspath(layout.write_text(files.report_file, markdown(results))))
   if readme:
-    readme_blocks.write_block(readme, readme_block_name(results["world_seed"]),
+    reporting.write_block(readme, readme_block_name(results["world_seed"]),
                               readme_block(results))
     written.append(readme)
   return written

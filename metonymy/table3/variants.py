@@ -9,30 +9,29 @@ import ml_collections
 
 from metonymy import config_lib
 from metonymy.data import pipeline
+from metonymy.models import stage2_options
 from metonymy.runs import subjobs
 from metonymy.runs import workers
 from metonymy.training import optimizer
 from metonymy.workdir import Workdir
 from metonymy.workdir import layout
 
-# Two-stage variants: name -> (mask, hard_gradient). "hard_none" is the counterfactual with no
-# Stage-2 gradient into Stage 1 (the main text's reading of hard masks).
-TWO_STAGE = {"hard": ("hard", "selected"), "ste": ("ste", "selected"), "soft": ("soft", "selected"),
-             "hard_none": ("hard", "none")}
+# Two-stage variants: name -> the Stage-2 options it sets (models/stage2_options.py's one table;
+# "hard_none" is the counterfactual with no Stage-2 gradient into Stage 1).
+TWO_STAGE = stage2_options.VARIANTS
 ROW_KEYS = ("variant", "seed", "world_seed", "NMI", "ARI", "NMI_fg", "ARI_fg", "PS", "MPPO",
             "mAP_stage1", "mAP_stage2", "mAP_ensemble", "max_part_share", "background_share")
 
 
 def training_config(config, variant: str) -> ml_collections.ConfigDict:
-  """config.single for "single"; for a two-stage variant the same config with the two-stage model
-  of that mask (config_lib.two_stage), so the arms share everything else."""
+  """config.single for "single"; for a two-stage variant the same config with that variant's
+  two-stage model (config_lib.two_stage), so the arms share everything else."""
   if variant == "single":
     return ml_collections.ConfigDict(config.single.to_dict())
   if variant not in TWO_STAGE:
     raise ValueError(f"config.variants: unknown variant {variant!r}; expected 'single' or one of "
                      f"{sorted(TWO_STAGE)}")
-  mask, hard_gradient = TWO_STAGE[variant]
-  return config_lib.two_stage(config.single, mask=mask, hard_gradient=hard_gradient)
+  return config_lib.two_stage(config.single, variant)
 
 
 def protocol(config, training) -> Dict:

@@ -48,6 +48,8 @@ keypoints have no NMI at all).
 import textwrap
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 import numpy as np
 
 from metonymy.evaluation import metrics
@@ -258,8 +260,6 @@ def part_overlay(images: np.ndarray, maps: np.ndarray, mean, std, *,
     group_names: the G ground-truth group names (default "group 1".."group G").
     segmentation: int [n, S, S], preferred over keypoints when given.
   """
-  from matplotlib.backends.backend_agg import FigureCanvasAgg
-  from matplotlib.figure import Figure
   images = np.clip((np.asarray(images) * np.asarray(std) + np.asarray(mean)) * 255, 0, 255)
   n, size_h, size_w = images.shape[:3]
   num_parts = maps.shape[1] - 1

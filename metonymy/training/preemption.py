@@ -34,6 +34,7 @@ from typing import Optional, Tuple
 
 from absl import logging
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 
 from metonymy import console
@@ -65,7 +66,6 @@ def _jax_notice(step: int) -> bool:
   (its notifier, when the platform has one; False on one process or with the service off)."""
   if jax.process_count() == 1:
     return False
-  from jax.experimental import multihost_utils
   try:
     return bool(multihost_utils.reached_preemption_sync_point(step))
   except RuntimeError:  # jax_enable_preemption_service is off.
@@ -162,7 +162,6 @@ class Watch:
     --kill-on-bad-exit` would kill that one at the first exit status 75."""
     mngr.wait_until_finished()
     if jax.process_count() > 1:
-      from jax.experimental import multihost_utils
       multihost_utils.sync_global_devices(f"metonymy_preempted_{step}")
     error = Preempted(step, self.reason())
     if jax.process_index() == 0:

@@ -33,6 +33,7 @@ from absl import logging
 from etils import epath
 import grain
 import jax
+from jax.experimental import multihost_utils
 import orbax.checkpoint as ocp
 
 from metonymy.workdir import Workdir
@@ -129,7 +130,6 @@ def _refuse(mngr: ocp.CheckpointManager, step: int) -> None:
       target, n = refused.parent / f"{refused.name}.{n}", n + 1
     (directory_ / str(step)).rename(target)
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(f"metonymy_refuse_checkpoint_{step}")
   mngr.reload()
 

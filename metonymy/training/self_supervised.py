@@ -41,8 +41,6 @@ from typing import Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-import optax
 
 from metonymy.models import projection_head
 from metonymy.training import self_supervised_options as options

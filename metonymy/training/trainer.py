@@ -59,8 +59,8 @@ from metonymy.training import preemption
 from metonymy.training import prototype_init
 from metonymy.training import run_state
 from metonymy.training import sharding
-from metonymy.training import writers
 from metonymy.workdir import Workdir
+from metonymy.workdir import writers
 
 
 @flax.struct.dataclass

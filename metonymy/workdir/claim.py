@@ -44,6 +44,9 @@ import uuid
 from typing import Dict, List, Optional, Tuple
 
 from absl import logging
+import jax
+from jax.experimental import multihost_utils
+import numpy as np
 
 from metonymy.workdir import layout
 
@@ -312,7 +315,6 @@ def claim(workdir, config) -> Optional[Lock]:
   """Locks `workdir`, checks `config` against its config.json and writes the new one; returns
   the lock to release when the run ends (None on processes other than 0, which hold none). With
   several processes, all raise when process 0 refuses."""
-  import jax
   lock, error = None, None
   if jax.process_index() == 0:
     try:
@@ -322,8 +324,6 @@ def claim(workdir, config) -> Optional[Lock]:
     except (WorkdirBusyError, ConfigMismatchError, OSError) as e:
       error = e
   if jax.process_count() > 1:  # One decision for all: refused, every process stops.
-    import numpy as np
-    from jax.experimental import multihost_utils
     refused = bool(multihost_utils.broadcast_one_to_all(np.asarray(error is not None)))
     if refused and error is None:
       error = WorkdirBusyError(f"Process 0 refused {workdir}; its log says why.")

@@ -41,6 +41,7 @@ import uuid
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from etils import epath
+import fsspec
 
 PathLike = Union[str, os.PathLike, epath.Path]
 
@@ -342,7 +343,6 @@ def refresh(path: PathLike) -> None:
   training sees its newest checkpoint. Nothing on a local filesystem."""
   if is_local(path):
     return
-  import fsspec  # epath's own backend for gs:// (and s3://) without TensorFlow.
   protocol = os.fspath(path).split("://", 1)[0]
   # The same arguments as epath's, so this is the instance epath holds (fsspec caches them).
   kwargs = {"finalize_on_close": True} if protocol in ("gs", "gcs") else {}

@@ -20,7 +20,7 @@ import subprocess
 import sys
 from typing import Callable, Dict
 
-from metonymy import readme_blocks
+from metonymy import reporting
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEMO_CONFIG = os.path.join(ROOT, "configs", "demo.py")
@@ -53,7 +53,7 @@ class MovedRun:
 
 
 def _readme_with_blocks(path, *blocks) -> str:
-  markers = [line for block in blocks for line in readme_blocks.markers(block)]
+  markers = [line for block in blocks for line in reporting.markers(block)]
   with open(path, "w") as f:
     f.write("# x\n" + "\n".join(markers) + "\ntail\n")
   return os.fspath(path)

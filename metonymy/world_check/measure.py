@@ -1,45 +1,33 @@
-r"""Does a synthetic world host the claims it is meant to test? Measured before any experiment.
-
-  python -m metonymy.main --config=configs/world_check.py[:world=v2] --workdir=DIR \
-      [--config.world.seed=1] [--config.world_check.backbone=DIR]      # the job
-  python -m metonymy.data world-check --config=configs/demo.py:world=v2 [--config.world.seed=1]
-  python -m metonymy.world_check --config=configs/demo.py:world=v2 --backbone=DIR   # the same
-
-The job (job "world_check", through the launcher's checks like every run) writes DIR/report.md
-and DIR/results.json; its options are the config's `world_check` block. The command lines take
-a demo or Table-3 config and the same options as flags. The config's `world` block is the world
-checked (override any SyntheticConfig option as --config.world.<option>=value). Everything is
-measured on the split (val; never test), with training images only where something is fit:
-
-  1. The position baseline (evaluation/position_baseline.py): k-means with K clusters over the
-     training keypoints' positions, scored at the split's keypoints as a model's parts are. Part
-     discovery is only measurable above it.
-  2. Where a part's evidence is, by construction: the share of parts whose patches (plurality
-     rule on the patch grid) hold some of their evidence pixels, as a whole and in a contiguous
-     quarter of them (the ceil(n/4) patches nearest a random patch of the part: a lazy mask).
-  3. The mechanism, with a backbone that learned the world (`--backbone`, a converted folder;
-     default: the world's shipped stand-in when its recipe matches): logistic probes from part
-     k's early- and late-masked feature to part k's colour and pattern, from the whole part and
-     from a contiguous quarter of it. The mechanism the two-stage claim rests on is present when
-     early masking loses at least 0.2 accuracy from a quarter while late masking loses clearly
-     less: the leakage of late masking fills the gap a partial mask leaves.
-  4. Whether the backbone's patch tokens know their part at all (`pretrain.part_legibility`: a
-     logistic probe from one patch token to its part, balanced accuracy against 1 / (K + 1)).
-     Part discovery reads parts off these tokens: where they do not tell one plain part from
-     another, no model can find the parts however its masks are trained, and a comparison of
-     part-discovery models on that world compares nothing.
-  5. What the paper's part-shaping priors charge the ground-truth parts on the patch grid.
-"""
+"""What the world check measures (the package docstring says what and why): the position
+baseline, where each part's evidence is, the masking mechanism on a backbone that learned the
+world, the part legibility of its tokens and what the priors charge the truth; `run` is job
+"world_check"."""
 
 import json
 import os
-import sys
 from typing import Dict, Optional
 
-from absl import app
-from absl import flags
-from ml_collections import config_flags
+import ml_collections
 import numpy as np
+from sklearn import linear_model
+from sklearn import preprocessing
+
+from metonymy import console
+from metonymy import loading
+from metonymy.data import pipeline as pipeline_lib
+from metonymy.data import synthetic
+from metonymy.evaluation import patch_grid
+from metonymy.evaluation import position_baseline
+from metonymy.models import vit
+from metonymy.probe import benchmark
+from metonymy.probe import features as features_lib
+from metonymy.runs import references
+from metonymy.runs import stand_in
+from metonymy.runs import subjobs
+from metonymy.training import pretraining as pretrain
+from metonymy.workdir import layout
+from metonymy.workdir import Workdir
+
 
 QUARTER = 0.25
 # The mechanism is present when early masking loses at least this much colour accuracy from a
@@ -71,7 +59,6 @@ def _examples(source, count: int):
 
 def position_baseline_scores(train, test, image_size: int, num_parts: int,
                              seed: int) -> Dict[str, float]:
-  from metonymy.evaluation import position_baseline
   stack = lambda examples, key: np.stack([e[key] for e in examples])
   size = (image_size, image_size)
   baseline = position_baseline.fit(stack(train, "keypoints"), stack(train, "keypoint_visible"),
@@ -84,7 +71,6 @@ def evidence_geometry(test, num_parts: int, patch_size: int,
                       rng: np.random.Generator) -> Optional[Dict[str, list]]:
   """Per part: the share of images where its patches hold some of its evidence pixels, whole
   and in a contiguous quarter. None for a world whose parts show their attributes everywhere."""
-  from metonymy.evaluation import patch_grid
   if "part_evidence" not in test[0]:
     return None
   segmentation = np.stack([e["part_segmentation"] for e in test])
@@ -107,7 +93,6 @@ def evidence_geometry(test, num_parts: int, patch_size: int,
 
 def _features(extractors, params, examples, transforms, part_ids_of, batch_size=64):
   """{masking: float [N, K, D]} of the examples under the part ids `part_ids_of(batch)`."""
-  from metonymy.data import pipeline as pipeline_lib
   out = {name: [] for name in extractors}
   batches = pipeline_lib.make_pipeline(examples, batch_size=batch_size, train=False,
                                        transforms=transforms, shard_index=0, shard_count=1)
@@ -125,10 +110,6 @@ def mechanism(model, params, vit_config, transforms, train, test, latents_train,
               num_parts: int, seed: int) -> Dict:
   """Probe accuracy [masking][region][attribute] -> per-part list and mean; see the docstring.
   `transforms`: the backbone's evaluation transforms (benchmark.eval_transforms)."""
-  from sklearn import linear_model
-  from sklearn import preprocessing
-  from metonymy.probe import features as features_lib
-  from metonymy.evaluation import patch_grid
   extractors = features_lib.make_extractors(model, num_parts)
   patch = vit_config.patch_size
 
@@ -182,12 +163,7 @@ def mechanism(model, params, vit_config, transforms, train, test, latents_train,
 
 def _backbone(config, path: str):
   """(model, params, vit_config, description) or None."""
-  from metonymy import loading
-  from metonymy.runs import stand_in
-  from metonymy.models import vit
-  from metonymy.training import pretraining as pretrain
   if path:
-    import ml_collections
     block = ml_collections.ConfigDict(config.backbone.to_dict())
     block.checkpoint = path
     model, params, arch = loading.build_backbone(block)
@@ -205,11 +181,6 @@ def _backbone(config, path: str):
 def check(config, *, backbone: str = "", split: str = "val", train_images: int = 1500,
           images: int = 500, seed: int = 0) -> Dict:
   """Every number of the module docstring, as a dict."""
-  from metonymy.data import synthetic
-  from metonymy.probe import benchmark
-  from metonymy.training import pretraining as pretrain
-  from metonymy.runs import references
-  from metonymy.runs import subjobs
   if split == "test":
     raise ValueError("--split=test: a world is checked on val; test is for results only.")
   world = synthetic.SyntheticConfig.from_options(**config.world.to_dict())
@@ -288,46 +259,10 @@ def format_report(out: Dict) -> str:
   return "\n".join(lines)
 
 
-def _define_flags():
-  """The command line's flags, defined when the command runs: importing this module (a test, a
-  notebook, beside export_part_maps' own --config) defines none."""
-  return {
-      "config": config_flags.DEFINE_config_file(
-          "config", None, "A demo or Table-3 config (configs/demo.py[:world=v2]); its `world` "
-          "block is the world checked.", lock_config=True),
-      "backbone": flags.DEFINE_string(
-          "backbone", "", "A converted backbone folder for the mechanism probes (default: the "
-          "world's shipped stand-in when its recipe matches; none: the probes are skipped)."),
-      "split": flags.DEFINE_string("split", "val", "The split measured (val; test is for "
-                                   "results)."),
-      "train_images": flags.DEFINE_integer("train_images", 1500, "Training images the probes "
-                                           "and the position baseline are fit on."),
-      "images": flags.DEFINE_integer("images", 500, "Images of --split measured."),
-      "seed": flags.DEFINE_integer("seed", 0, "Seed of the quarters and the k-means."),
-      "output": flags.DEFINE_string("output", "", "Also write the numbers to this JSON file."),
-  }
-
-
-def main(argv, flag_values) -> int:
-  del argv
-  from metonymy import console
-  console.quiet_library_logs()
-  value = {name: holder.value for name, holder in flag_values.items()}
-  out = check(value["config"], backbone=value["backbone"], split=value["split"],
-              train_images=value["train_images"], images=value["images"], seed=value["seed"])
-  print(format_report(out), flush=True)
-  if value["output"]:
-    with open(value["output"], "w") as f:
-      json.dump(out, f, indent=1)
-  return 0
-
 
 def run(config, workdir) -> Dict:
   """Job "world_check": `check` with the config's `world_check` options; the report is printed
   and written to WORKDIR/report.md, the numbers to WORKDIR/results.json."""
-  from metonymy import console
-  from metonymy.workdir import Workdir
-  from metonymy.workdir import layout
   out = check(config, **config.world_check.to_dict())
   report = format_report(out)
   console.console(report)
@@ -335,24 +270,3 @@ def run(config, workdir) -> Dict:
   layout.write_text(files.output("report.md"), report + "\n")
   layout.write_text(files.output(layout.RESULTS_FILE), json.dumps(out, indent=1))
   return out
-
-
-def command(argv=None) -> None:
-  """The command line: `python -m metonymy.world_check` or `python -m metonymy.data world-check`
-  (argv: the flags; default sys.argv[1:])."""
-  flag_values = _define_flags()
-  argv = sys.argv[1:] if argv is None else list(argv)
-  if any(a in ("--help", "-h", "--helpshort") for a in argv):
-    # absl's own --help lists every library's flags and exits 1; these are the command's.
-    print("usage: python -m metonymy.data world-check --config=configs/demo.py[:world=v2] "
-          "[--config.world.seed=N] [flags]\n\n" + (__doc__ or "").strip().split("\n\n")[0]
-          + "\n\nflags:")
-    for name in flag_values:
-      flag = flags.FLAGS[name]
-      print(f"  --{name} (default {flag.default!r}): {flag.help}")
-    sys.exit(0)
-  app.run(lambda args: main(args, flag_values), argv=[f"{sys.argv[0]} world-check"] + argv)
-
-
-if __name__ == "__main__":
-  command()

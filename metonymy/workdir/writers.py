@@ -26,7 +26,11 @@ import time
 import types
 from typing import Dict, List, Optional
 
+from clu import parameter_overview
+import jax
 import numpy as np
+from PIL import Image
+from tensorboard.backend.event_processing import event_accumulator
 
 from metonymy.workdir import Workdir
 from metonymy.workdir import layout
@@ -181,7 +185,6 @@ class MetricWriter:
     """uint8 [H, W, 3] -> a PNG under images/ and a TensorBoard image; returns the PNG path."""
     if not self.enabled:
       return None
-    from PIL import Image
     path = self.files.image(name, step)
     buffer = io.BytesIO()
     Image.fromarray(image).save(buffer, format="PNG")
@@ -202,7 +205,6 @@ class MetricWriter:
     """A PNG already written (a report's figure) as a TensorBoard image."""
     if not self.enabled:
       return
-    from PIL import Image
     with Image.open(io.BytesIO(layout.as_path(png_path).read_bytes())) as image:
       pixels = np.asarray(image.convert("RGB"))
     self._tb.add_image(name, pixels, int(step), dataformats="HWC")
@@ -229,7 +231,6 @@ class MetricWriter:
 def read_tensorboard(workdir: str) -> Dict[str, set]:
   """{"scalars": tags, "images": tags, "text": tags} of the event files in WORKDIR/tensorboard
   (tensorboard's own reader), e.g. to check what a run shows."""
-  from tensorboard.backend.event_processing import event_accumulator
   accumulator = event_accumulator.EventAccumulator(
       os.fspath(Workdir(workdir).tensorboard), size_guidance={event_accumulator.TENSORS: 0})
   accumulator.Reload()
@@ -250,7 +251,7 @@ def _periodic_actions():
   is not installed a placeholder stands in for that one module (constructing its SummaryWriter
   raises); where it is, clu's own is used."""
   try:
-    from clu import periodic_actions
+    from clu import periodic_actions  # After the placeholder below where TensorFlow is absent.
     return periodic_actions
   except ModuleNotFoundError as e:
     if e.name != "tensorflow":
@@ -330,7 +331,6 @@ def profiler(workdir: str, num_steps: int, first_step: int):
   """clu's Profile hook: one JAX trace of `num_steps` steps after `first_step`, into
   WORKDIR/tensorboard (TensorBoard's profile tab); call it after every step. None when num_steps
   is 0, or on processes other than 0."""
-  import jax
   if not num_steps or jax.process_index() != 0:
     return None
   return _periodic_actions().Profile(
@@ -340,7 +340,6 @@ def profiler(workdir: str, num_steps: int, first_step: int):
 
 def stop_profiler() -> None:
   """Ends a trace the run finished (or stopped) inside of; nothing if none is running."""
-  import jax
   try:
     jax.profiler.stop_trace()
   except RuntimeError:  # "No profile started": Profile stopped it itself.
@@ -351,8 +350,6 @@ def write_parameter_tables(workdir: str, trees: Dict[str, object]) -> Optional[s
   """WORKDIR/parameters.txt: one table per named tree (name, shape, dtype, size;
   clu.parameter_overview), there to read rather than scrolling past on the console. Process 0
   writes and returns the path; other processes return None."""
-  import jax
-  from clu import parameter_overview
   if jax.process_index() != 0:
     return None
   text = "".join(
