@@ -10,6 +10,7 @@ import pytest
 
 from metonymy.data import base, celeba, chexpert, cub, groupings
 from metonymy.data import fixtures as fx
+from metonymy.evaluation import patch_grid
 
 # ------------------------------------------------------------------------------------------------
 # Groupings vs the paper's tables.
@@ -511,16 +512,16 @@ def test_rle_resize_nearest():
     for size in ((m.shape[0] * 2, m.shape[1] * 3), (max(1, m.shape[0] // 3), 5), (7, 1)):
       direct = chexpert.rle_decode(rle, size)
       assert direct.shape == size
-      np.testing.assert_array_equal(direct, chexpert.resize_nearest(m, size))
+      np.testing.assert_array_equal(direct, patch_grid.resize_nearest(m, size))
   # Integer upsampling repeats pixels; integer downsampling picks block centres.
   m = rng.random((4, 6)) < 0.5
-  np.testing.assert_array_equal(chexpert.resize_nearest(m, (8, 18)),
+  np.testing.assert_array_equal(patch_grid.resize_nearest(m, (8, 18)),
                                 np.repeat(np.repeat(m, 2, 0), 3, 1))
   big = np.repeat(np.repeat(m, 3, 0), 3, 1)
-  np.testing.assert_array_equal(chexpert.resize_nearest(big, (4, 6)), m)
+  np.testing.assert_array_equal(patch_grid.resize_nearest(big, (4, 6)), m)
   stack = np.stack([m, ~m])
-  np.testing.assert_array_equal(chexpert.resize_nearest(stack, (8, 18))[1],
-                                ~chexpert.resize_nearest(m, (8, 18)))
+  np.testing.assert_array_equal(patch_grid.resize_nearest(stack, (8, 18))[1],
+                                ~patch_grid.resize_nearest(m, (8, 18)))
 
 
 @pytest.mark.parametrize("rle,match", [
@@ -647,7 +648,7 @@ def test_chexpert_masks(chex_data, split):
       if full is None:  # Task (or image) absent from the JSON: all zero.
         assert not ex["masks"][t].any()
       else:
-        np.testing.assert_array_equal(ex["masks"][t], chexpert.resize_nearest(full, (h, w)))
+        np.testing.assert_array_equal(ex["masks"][t], patch_grid.resize_nearest(full, (h, w)))
         seen += int(full.any())
   assert seen > 0
   assert "masks" not in chexpert.make_source(chex_data.root, split, masks=False)[0]
@@ -665,7 +666,7 @@ def test_chexpert_masks_options(chex_data, tmp_path):
   i = src.cxr_ids.index(found[0][1])
   h, w = chex_data.image_size[1], chex_data.image_size[0]
   np.testing.assert_array_equal(src[i]["masks"][t],
-                                chexpert.resize_nearest(chex_data.masks[found[0]], (h, w)))
+                                patch_grid.resize_nearest(chex_data.masks[found[0]], (h, w)))
   train = chexpert.make_source(chex_data.root, "train", masks=True)
   ex = train[0]
   assert not ex["has_masks"] and not ex["masks"].any()

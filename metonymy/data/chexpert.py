@@ -55,6 +55,7 @@ from metonymy.data import base
 from metonymy.data import groupings
 from metonymy.data.files import (check_split, example_index, load_rgb, require_file,
                                  verify_split_images)
+from metonymy.evaluation import patch_grid
 
 SPLITS: Tuple[str, ...] = ("train", "valid", "test")
 DATASET_DIRS: Tuple[str, ...] = ("CheXpert-v1.0-small", "CheXpert-v1.0")
@@ -153,31 +154,19 @@ def rle_decode(rle, out_size: Optional[Tuple[int, int]] = None) -> np.ndarray:
   """COCO RLE -> bool [h, w], or nearest-resized to `out_size` (H, W) without building [h, w].
 
   Nearest sampling takes, for output pixel (i, j), source pixel
-  (floor((i + 0.5) h / H), floor((j + 0.5) w / W)), as `resize_nearest`.
+  (floor((i + 0.5) h / H), floor((j + 0.5) w / W)), as `patch_grid.resize_nearest`.
   """
   h, w, counts = _rle_counts(rle)
   if out_size is None or tuple(out_size) == (h, w):
     values = (np.arange(len(counts)) % 2).astype(bool)
     return np.repeat(values, counts).reshape((h, w), order="F")
-  rows, cols = _nearest_index(h, out_size[0]), _nearest_index(w, out_size[1])
+  rows, cols = (patch_grid.nearest_index(h, out_size[0]),
+                patch_grid.nearest_index(w, out_size[1]))
   if len(counts) <= 1:
     return np.zeros(tuple(out_size), bool)  # All background: the common case, nothing to look up.
   flat = cols[None, :] * h + rows[:, None]  # Column-major position of each sampled pixel.
   run = np.searchsorted(np.cumsum(counts), flat, side="right")
   return (run % 2).astype(bool)
-
-
-def _nearest_index(n_in: int, n_out: int) -> np.ndarray:
-  return np.minimum(((np.arange(n_out) + 0.5) * n_in / n_out).astype(np.int64), n_in - 1)
-
-
-def resize_nearest(mask: np.ndarray, size: Tuple[int, int]) -> np.ndarray:
-  """Nearest resize of [..., h, w] to [..., H, W] (pixel centres, as `rle_decode`)."""
-  h, w = mask.shape[-2:]
-  if (h, w) == tuple(size):
-    return mask
-  rows, cols = _nearest_index(h, size[0]), _nearest_index(w, size[1])
-  return mask[..., rows[:, None], cols[None, :]]
 
 
 # ------------------------------------------------------------------------------------------------

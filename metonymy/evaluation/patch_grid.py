@@ -73,11 +73,16 @@ def segmentation_part_labels(segmentation: np.ndarray, num_parts: int) -> np.nda
   return np.where(seg == 0, num_parts, seg - 1).astype(np.int32)
 
 
+def nearest_index(n_in: int, n_out: int) -> np.ndarray:
+  """int64 [n_out]: the input pixel each of n_out output pixels samples (its centre's)."""
+  return np.minimum(((np.arange(n_out) + 0.5) * n_in / n_out).astype(np.int64), n_in - 1)
+
+
 def resize_nearest(maps: np.ndarray, size: Tuple[int, int]) -> np.ndarray:
-  """Nearest-neighbour resize of [..., h, w] to [..., H, W] (pixel-centre sampling)."""
+  """Nearest-neighbour resize of [..., h, w] to [..., H, W] (pixel-centre sampling): the one
+  resize of label maps and masks (part maps, segmentations, CheXlocalize masks)."""
   h, w = maps.shape[-2:]
   if (h, w) == tuple(size):
     return maps
-  rows = np.minimum(((np.arange(size[0]) + 0.5) * h / size[0]).astype(np.int64), h - 1)
-  cols = np.minimum(((np.arange(size[1]) + 0.5) * w / size[1]).astype(np.int64), w - 1)
+  rows, cols = nearest_index(h, size[0]), nearest_index(w, size[1])
   return maps[..., rows[:, None], cols[None, :]]
