@@ -29,10 +29,11 @@ arg (flags): none for the demo; `tiny`, a smoke run for tests (well under a minu
 stand-in anew and write it where the demo finds it, metonymy/assets/<stand_in_name>.{npz,json}
 (the command that made the shipped files, one per world seed: add --config.world.seed=N; it saves
 its state in DIR/pretraining_state every backbone_pretraining.checkpoint_every steps, and the
-same command resumes a killed run there); `stand_in_objective=attributes|self_supervised`, the
-stand-in's objective (world v3 only: the supervised one by default; the self-supervised one,
-SELF_SUPERVISED below, is shipped for world seeds 0-2; for another seed the demo pretrains it
-first, which docs/experiments.md times).
+same command resumes a killed run there); `stand_in_objective=attributes|self_supervised|
+attributes_then_dense`, the stand-in's objective (world v3 only: the supervised one by default;
+the self-supervised one, SELF_SUPERVISED below; the supervised one continued by the dense term,
+ATTRIBUTES_THEN_DENSE; each shipped for world seeds 0-2, else pretrained first, which
+docs/experiments.md times).
 """
 
 import ml_collections
@@ -94,6 +95,9 @@ WORLDS = {
                # `stand_in_objective=self_supervised`: the stand-in learns as DINOv2 does
                # (SELF_SUPERVISED), shipped under its own name.
                self_supervised=dict(stand_in_name="demo_stand_in_v3_ssl_world{seed}"),
+               # `stand_in_objective=attributes_then_dense`: the supervised stand-in, then the
+               # dense term (ATTRIBUTES_THEN_DENSE), shipped under its own name.
+               attributes_then_dense=dict(stand_in_name="demo_stand_in_v3_dense_world{seed}"),
                # Part discovery with the attribute losses alone, as the Table-3 job: with every
                # prior at PDiscoFormer's weight single-stage collapses to the background on v3
                # (val: 94% of the patches; docs/experiments.md, "Single-stage on v3"), and so did
@@ -119,6 +123,21 @@ PATCH = 4
 # rises from 0.632 to 0.649 (3 run seeds; configs/synthetic_table3.py:paper_stage2_rate keeps
 # the paper's).
 STAGE2_BACKBONE_RATE = 1e-4
+
+
+def stand_in_pretraining(chosen: dict, size: dict, shipped: bool) -> ml_collections.ConfigDict:
+  """The supervised stand-in's pretraining on a world (`chosen`, a WORLDS entry): its steps, with
+  its warm-up world's share of them first (the attribute losses' plateau on v3)."""
+  pretraining = config_lib.backbone_pretraining(size["pretrain_steps"], batch_size=32,
+                                                images=size["splits"][0])
+  pretraining.shipped = shipped
+  if "warmup" in chosen:
+    total_steps = int(pretraining.steps)
+    warmup_steps = round(chosen["warmup"]["share"] * total_steps)
+    pretraining.steps = total_steps - warmup_steps
+    pretraining.warmup_steps = warmup_steps
+    pretraining.warmup_world = chosen["warmup"]["world"]
+  return pretraining
 
 
 def world(size: dict, correlation: float = 0.0, seed: int = 0) -> dict:
@@ -179,19 +198,27 @@ def training_config(size: dict, world_options: dict, steps: int,
   return config
 
 
+# The supervised stand-in continued by the dense term alone (`stand_in_objective=
+# attributes_then_dense`): the attribute stage gives the CLS token and the patch tokens the
+# attributes, the dense stage moves the last block's geometry towards the parts; chosen on `val`
+# by its quality curve (docs/experiments.md, "The stand-in"). Its options as SELF_SUPERVISED's.
+ATTRIBUTES_THEN_DENSE = dict(SELF_SUPERVISED, steps=200, evaluate_every=50)
+STAND_IN_OBJECTIVES = ("attributes", "self_supervised", "attributes_then_dense")
+
+
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
   arg = config_lib.parse_arg(arg, tiny=False, stand_in=False, world=WORLD, stand_in_objective="")
   if arg.world not in WORLDS:
     raise ValueError(f"Config argument world={arg.world!r}: expected one of {sorted(WORLDS)}.")
   chosen = dict(WORLDS[arg.world])
   objective = arg.stand_in_objective or chosen.get("stand_in_objective", "attributes")
-  if objective not in ("attributes", "self_supervised") or (
-      objective == "self_supervised" and "self_supervised" not in chosen):
-    raise ValueError(f"Config argument stand_in_objective={objective!r}: expected attributes" +
-                     (" or self_supervised" if "self_supervised" in chosen else
-                      f" (world {arg.world} has no self-supervised stand-in)") + ".")
-  if objective == "self_supervised":
-    chosen.update(chosen["self_supervised"])
+  offered = [o for o in STAND_IN_OBJECTIVES if o == "attributes" or o in chosen]
+  if objective not in offered:
+    raise ValueError(f"Config argument stand_in_objective={objective!r}: expected one of "
+                     f"{offered} (world {arg.world}'s stand-ins).")
+  supervised_name = chosen["stand_in_name"]
+  if objective != "attributes":
+    chosen.update(chosen[objective])
   size = dict(SIZES["tiny" if arg.tiny else "full"], world_options=chosen["options"])
   if not arg.tiny:  # A world's own stand-in schedule and training budget.
     size.update({k: chosen[k] for k in ("pretrain_steps", "single_steps", "two_stage_steps")
@@ -218,28 +245,25 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   config.backbone = config_lib.random_backbone(
       patch_size=PATCH, width=64, depth=size["depth"], num_heads=4, mlp_dim=128,
       pos_embed_grid=(image_size // PATCH, image_size // PATCH), image_size=image_size)
-  if objective == "self_supervised":
-    options = dict(SELF_SUPERVISED)
+  # Use the stand-in shipped in metonymy/assets/ when it was made by exactly this recipe (arch,
+  # seed, pretraining, world); otherwise (or with False) pretrain it here.
+  shipped = not (arg.tiny or arg.stand_in)
+  if objective == "attributes":
+    config.backbone_pretraining = stand_in_pretraining(chosen, size, shipped=shipped)
+  else:
+    options = dict(SELF_SUPERVISED if objective == "self_supervised" else ATTRIBUTES_THEN_DENSE)
     if arg.tiny:  # Seconds: a few steps, small heads, no local views (half the compile).
       options.update(steps=size["pretrain_steps"], self_supervised=dict(
           options["self_supervised"], local_crops=0, prototypes=32, head_hidden=32))
     config.backbone_pretraining = config_lib.backbone_pretraining(
-        images=size["splits"][0], objective=objective, **options)
-  else:
-    config.backbone_pretraining = config_lib.backbone_pretraining(
-        size["pretrain_steps"], batch_size=32, images=size["splits"][0])
-  # Use the stand-in shipped in metonymy/assets/ when it was made by exactly this recipe (arch,
-  # seed, pretraining, world); otherwise (or with False) pretrain it here.
-  config.backbone_pretraining.shipped = not (arg.tiny or arg.stand_in)
-  # The warm-up world serves the attribute losses (their plateau on v3); counted in the steps.
-  learns_attributes = objective == "attributes" or (
-      config.backbone_pretraining.self_supervised.get("attributes", 0.0) > 0)
-  if "warmup" in chosen and learns_attributes:
-    total_steps = int(config.backbone_pretraining.steps)
-    warmup_steps = round(chosen["warmup"]["share"] * total_steps)
-    config.backbone_pretraining.steps = total_steps - warmup_steps
-    config.backbone_pretraining.warmup_steps = warmup_steps
-    config.backbone_pretraining.warmup_world = chosen["warmup"]["world"]
+        images=size["splits"][0], objective="self_supervised", **options)
+    config.backbone_pretraining.shipped = shipped
+    if objective == "attributes_then_dense":
+      # The stage it continues: the world's supervised stand-in (its shipped file when its
+      # recipe matches, as for the supervised demo).
+      config.backbone_pretraining.start_from = stand_in_pretraining(
+          WORLDS[arg.world], size, shipped=shipped)
+      config.backbone_pretraining.start_from.stand_in_name = supervised_name
   # The shipped stand-ins of this world: metonymy/assets/<name>.{npz,json}, per world seed.
   config.stand_in_name = chosen["stand_in_name"]
   # mode "stand_in" writes the pretrained stand-in to this path prefix (.npz + .json).

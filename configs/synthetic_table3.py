@@ -27,8 +27,9 @@ optimizer with its square-root scaled rates. Scored on `test`; every choice belo
 arg: `small` (a tiny world, 2 run seeds, seconds of training: the test), `world=v1|v2|v3`
 (configs/demo.py's WORLDS; its WORLD, v3, by default), `paper_stage2_rate`,
 `priors=paper|off`, `split=val|test` (the evaluation split of the training runs and the probe;
-val for counterfactuals), `stand_in_objective=attributes|self_supervised` (configs/demo.py's: the
-stand-in that learned from attributes, or the self-supervised one).
+val for counterfactuals), `stand_in_objective=attributes|self_supervised|attributes_then_dense`
+(configs/demo.py's stand-ins: from attributes, self-supervised, or the first continued by the
+dense term).
 """
 
 import ml_collections

@@ -27,7 +27,7 @@ DOCUMENTED = {
     **{f"{d}_single": ("", "runlocal") for d in TRAINING},
     **{f"{d}_{mask}": ("", "runlocal") for d, masks in TWO_STAGE.items() for mask in masks},
     "backbone_smoke": ("", "preset=vit_b16"),
-    "demo": ("", "tiny", "stand_in"),
+    "demo": ("", "tiny", "stand_in", "stand_in_objective=attributes_then_dense"),
     "demo_correlation_sweep": ("", "small"),
     "probe_celeba": ("", "preset=vit_b16_dinov3", "runlocal"),
     "probe_chexpert": ("", "preset=vit_b16_dinov3", "runlocal"),

@@ -425,9 +425,46 @@ def test_the_self_supervised_stand_in_is_its_own_recipe_and_is_measured_without_
   quality = stand_in.stand_in_quality(config, config.world, vit_config, trained.params,
                                       trained.heads)
   assert "cls/mAP" in quality and "cls_probe/mAP" in quality
-  with pytest.raises(ValueError, match="world v1 has no self-supervised stand-in"):
+  with pytest.raises(ValueError, match=r"expected one of \['attributes'\] \(world v1's"):
     config_lib.load_sibling_config(CONFIG_FILE, "demo", "tiny,world=v1,"
                                    "stand_in_objective=self_supervised")
+
+
+@pytest.mark.parametrize("seed", (0, 1, 2))
+def test_the_attributes_then_dense_stand_in_starts_from_the_shipped_supervised_one(seed):
+  """Its first stage is exactly the world's supervised stand-in recipe, so the shipped file is
+  continued (not 40 minutes of pretraining), and its own recipe holds that stage's."""
+  config = config_lib.load_sibling_config(CONFIG_FILE, "demo",
+                                          "stand_in_objective=attributes_then_dense")
+  config.world.seed = seed
+  start = stand_in.start_config(config)
+  prefix = stand_in.shipped_stand_in(start, seed)
+  assert prefix.endswith(f"demo_stand_in_v3_world{seed}")
+  assert pretrain.read_stand_in_record(prefix)["recipe"] == stand_in.stand_in_recipe(
+      start, start.world)
+  recipe = stand_in.stand_in_recipe(config, config.world)["pretraining"]
+  assert recipe["objective"] == "self_supervised" and recipe["self_supervised"]["dense"] > 0
+  assert recipe["start_from"] == stand_in.stand_in_recipe(start, start.world)["pretraining"]
+  assert "stand_in_objective=attributes_then_dense" in stand_in.stand_in_command(config,
+                                                                                 config.world)
+
+
+@pytest.mark.slow
+def test_a_stand_in_that_continues_another_starts_from_its_weights():
+  """With no steps of its own, the stand-in is its start bit for bit: the dense stage continues
+  the supervised weights, not a fresh init."""
+  config = config_lib.load_sibling_config(CONFIG_FILE, "demo",
+                                          "tiny,stand_in_objective=attributes_then_dense")
+  config.backbone_pretraining.steps = 0
+  _, trained, record = stand_in.pretrain_stand_in(config, config.world)
+  start = stand_in.start_config(config)
+  _, started, _ = stand_in.pretrain_stand_in(start, start.world)
+  same = jax.tree_util.tree_map(lambda a, b: bool(np.array_equal(a, b)), trained.params,
+                                started.params)
+  assert all(jax.tree_util.tree_leaves(same)) and record["start"]["source"]
+  _, fresh, _ = loading.build_backbone(config.backbone, 0)  # the init a fresh stand-in gets
+  assert not all(np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(trained.params),
+                                                       jax.tree_util.tree_leaves(fresh)))
 
 
 def test_a_shipped_stand_in_of_another_recipe_is_named_by_what_differs():

@@ -28,7 +28,7 @@ BACKBONE_DIR = layout.BACKBONE_DIR  # DIR/backbone: a converted backbone folder
 STAND_IN_FILE = "stand_in"  # DIR/backbone/stand_in.{npz,json}: the heads and the record
 # backbone_pretraining keys that do not change the weights, so not part of the recipe: a shipped
 # stand-in made without them is still the one a config with them asks for.
-RECIPE_FREE_KEYS = ("shipped", "evaluate_every", "checkpoint_every")
+RECIPE_FREE_KEYS = ("shipped", "evaluate_every", "checkpoint_every", "stand_in_name")
 
 
 def shipped_stand_in(config, world_seed: int) -> str:
@@ -42,7 +42,9 @@ def stand_in_command(config, world) -> str:
   """The command that pretrains this stand-in anew (mode "stand_in")."""
   arg = "stand_in" + (f",world={config.world_name}" if config.get("world_name", "v1") != "v1"
                       else "")
-  if config.backbone_pretraining.get("objective", "attributes") != "attributes":
+  if config.backbone_pretraining.get("start_from"):
+    arg += ",stand_in_objective=attributes_then_dense"
+  elif config.backbone_pretraining.get("objective", "attributes") != "attributes":
     arg += f",stand_in_objective={config.backbone_pretraining.objective}"
   return (f"python -m metonymy.main --config=configs/demo.py:{arg} "
           f"--config.world.seed={int(world.seed)} --workdir=DIR")
@@ -57,18 +59,26 @@ def _seed(config) -> int:
 def stand_in_recipe(config, world) -> Dict:
   """Everything the stand-in is a function of: architecture, init seed, pretraining options and
   the world its training images come from (the val/test sizes do not matter)."""
-  pre = {k: v for k, v in config.backbone_pretraining.to_dict().items()
-         if k not in RECIPE_FREE_KEYS}
-  if pre.get("objective", "attributes") == "attributes":
-    # The supervised recipe as it was before the self-supervised one existed: the stand-ins
-    # shipped for it keep matching.
-    pre.pop("objective", None)
-    pre.pop("self_supervised", None)
+  pre = _pretraining_recipe(config.backbone_pretraining.to_dict())
   world = world.to_dict() if hasattr(world, "to_dict") else dict(world)
   world = dict(world, splits={"train": int(dict(world["splits"])["train"])})
   return json.loads(json.dumps({"arch": config.backbone.arch.to_dict(), "preset":
                                 config.backbone.preset, "seed": _seed(config),
                                 "pretraining": pre, "world": world}))
+
+
+def _pretraining_recipe(pre: Dict) -> Dict:
+  """A backbone_pretraining block without the keys that do not change the weights, the stage it
+  starts from (`start_from`) included."""
+  pre = {k: v for k, v in pre.items() if k not in RECIPE_FREE_KEYS}
+  if pre.get("objective", "attributes") == "attributes":
+    # The supervised recipe as it was before the self-supervised one existed: the stand-ins
+    # shipped for it keep matching.
+    pre.pop("objective", None)
+    pre.pop("self_supervised", None)
+  if pre.get("start_from"):
+    pre["start_from"] = _pretraining_recipe(pre["start_from"])
+  return pre
 
 
 def recipe_differences(shipped: Dict, wanted: Dict, prefix: str = "") -> list:
@@ -103,11 +113,17 @@ def pretrain_stand_in(config, world, state_dir: str = "", writer=None):
   (training/pretraining.py). With `state_dir`, each stage saves its state in a folder of it every
   backbone_pretraining.checkpoint_every steps, and a rerun resumes there; `writer`
   (training/writers.MetricWriter) takes the main stage's loss terms and quality curve."""
-  model, params, vit_config = loading.build_backbone(config.backbone, _seed(config))
   pre = config.backbone_pretraining
   options = {"checkpoint_every": int(pre.get("checkpoint_every", 0))} if state_dir else {}
   stage_dir = lambda stage: os.path.join(state_dir, stage) if state_dir else ""
   heads, record = None, {}
+  if pre.get("start_from"):
+    # A stand-in that continues another one: that one first (shipped or pretrained here).
+    vit_config, params, start_record = start_stand_in(config, world, stage_dir("start"))
+    model = vit.VisionTransformer(vit_config)
+    record["start"] = start_record
+  else:
+    model, params, vit_config = loading.build_backbone(config.backbone, _seed(config))
   warmup_steps = int(pre.get("warmup_steps", 0))
   if warmup_steps:
     # A first stage on a sibling world (e.g. every pixel of a part showing its attributes): a
@@ -150,6 +166,34 @@ def pretrain_stand_in(config, world, state_dir: str = "", writer=None):
             "command": stand_in_command(config, world),
             "date": datetime.datetime.now().isoformat(timespec="seconds")})
   return vit_config, trained, record
+
+
+def start_config(config) -> ml_collections.ConfigDict:
+  """The config of the stand-in `config`'s stand-in starts from (backbone_pretraining.start_from):
+  the same world, architecture and seed, that stage's pretraining and shipped name."""
+  start = ml_collections.ConfigDict(config.to_dict())
+  block = config.backbone_pretraining.start_from.to_dict()
+  start.stand_in_name = block.pop("stand_in_name", start.stand_in_name)
+  start.backbone_pretraining = ml_collections.ConfigDict(block)
+  return start
+
+
+def start_stand_in(config, world, state_dir: str = "") -> Tuple:
+  """(vit_config, params, record) of the stand-in `config`'s continues: shipped in
+  metonymy/assets/ when made by exactly its recipe, else pretrained here."""
+  start = start_config(config)
+  recipe = stand_in_recipe(start, world)
+  shipped = shipped_stand_in(start, world.seed)
+  if start.backbone_pretraining.get("shipped") and os.path.exists(shipped + ".json"):
+    if pretraining.read_stand_in_record(shipped).get("recipe") == recipe:
+      vit_config, params, _, _ = pretraining.load_stand_in(shipped)
+      console.console(f"[demo] continuing the stand-in shipped in {shipped}.npz")
+      return vit_config, params, {"source": os.path.relpath(shipped, ASSETS)}
+  console.console("[demo] pretraining the stand-in this one continues "
+                  f"({stand_in_command(start, world)})")
+  vit_config, trained, record = pretrain_stand_in(start, world, state_dir)
+  return vit_config, trained.params, {"source": "pretrained in this run",
+                                      "seconds": trained.seconds}
 
 
 def _training_images(config, world, vit_config):
