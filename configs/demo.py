@@ -260,9 +260,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.backbone_pretraining.shipped = shipped
     if objective == "attributes_then_dense":
       # The stage it continues: the world's supervised stand-in (its shipped file when its
-      # recipe matches, as for the supervised demo).
+      # recipe matches, also when this one is remade with `stand_in`).
       config.backbone_pretraining.start_from = stand_in_pretraining(
-          WORLDS[arg.world], size, shipped=shipped)
+          WORLDS[arg.world], size, shipped=not arg.tiny)
       config.backbone_pretraining.start_from.stand_in_name = supervised_name
   # The shipped stand-ins of this world: metonymy/assets/<name>.{npz,json}, per world seed.
   config.stand_in_name = chosen["stand_in_name"]

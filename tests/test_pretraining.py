@@ -447,6 +447,11 @@ def test_the_attributes_then_dense_stand_in_starts_from_the_shipped_supervised_o
   assert recipe["start_from"] == stand_in.stand_in_recipe(start, start.world)["pretraining"]
   assert "stand_in_objective=attributes_then_dense" in stand_in.stand_in_command(config,
                                                                                  config.world)
+  # Remaking it (`stand_in`) still continues the shipped supervised file.
+  remake = config_lib.load_sibling_config(CONFIG_FILE, "demo",
+                                          "stand_in,stand_in_objective=attributes_then_dense")
+  assert remake.backbone_pretraining.start_from.shipped
+  assert not remake.backbone_pretraining.shipped
 
 
 @pytest.mark.slow
