@@ -28,7 +28,7 @@ import numpy as np
 
 def fmt(value, digits: int = 3) -> str:
   """`value` to `digits` decimals; "n/a" for None and non-finite values."""
-  if value is None or (isinstance(value, float) and not math.isfinite(value)):
+  if value is None or not math.isfinite(float(value)):
     return "n/a"
   return f"{value:.{digits}f}"
 

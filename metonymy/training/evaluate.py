@@ -52,6 +52,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 import numpy as np
 
+from metonymy import reporting
 from metonymy.evaluation import metrics
 from metonymy.evaluation import part_metrics
 from metonymy.evaluation import part_names as part_names_lib
@@ -463,10 +464,6 @@ def evaluate(predict: Callable[[Dict[str, np.ndarray]], Dict[str, Any]],
   return {"scalars": scalars, "image": overlay}
 
 
-def _number(value: Optional[float], digits: int) -> str:
-  return "n/a" if value is None or not np.isfinite(value) else f"{value:.{digits}f}"
-
-
 def report_markdown(scalars: Mapping[str, float], warnings: Sequence[str], *, title: str,
                     step: int, total_steps: int,
                     true_part_names: Optional[Sequence[str]] = None) -> str:
@@ -485,19 +482,20 @@ def report_markdown(scalars: Mapping[str, float], warnings: Sequence[str], *, ti
               f"and every foreground part wins some."]
   heads = [name[:-len("/mAP")] for name in scalars if name.endswith("/mAP")]
   lines += ["", "## Attributes", "", "| Head | mAP | AUROC | BCE |", "|---|---|---|---|"]
-  lines += [f"| {h} | {_number(scalars.get(f'{h}/mAP'), 3)} | {_number(scalars.get(f'{h}/AUROC'), 3)} "
-            f"| {_number(scalars.get(f'{h}/bce'), 4)} |" for h in heads]
+  lines += [f"| {h} | {reporting.fmt(scalars.get(f'{h}/mAP'), 3)} | "
+            f"{reporting.fmt(scalars.get(f'{h}/AUROC'), 3)} "
+            f"| {reporting.fmt(scalars.get(f'{h}/bce'), 4)} |" for h in heads]
   if "parts/NMI" in scalars:
     lines += ["", f"## Parts at keypoints (x100, {int(scalars.get('parts/num_keypoints', 0))} "
               f"visible keypoints)", "", "| Argmax over | NMI | ARI |", "|---|---|---|",
-              f"| K + 1 maps (background included) | {_number(scalars['parts/NMI'], 1)} | "
-              f"{_number(scalars['parts/ARI'], 1)} |",
-              f"| K foreground maps (MPAE) | {_number(scalars.get('parts/NMI_fg'), 1)} | "
-              f"{_number(scalars.get('parts/ARI_fg'), 1)} |"]
+              f"| K + 1 maps (background included) | {reporting.fmt(scalars['parts/NMI'], 1)} | "
+              f"{reporting.fmt(scalars['parts/ARI'], 1)} |",
+              f"| K foreground maps (MPAE) | {reporting.fmt(scalars.get('parts/NMI_fg'), 1)} | "
+              f"{reporting.fmt(scalars.get('parts/ARI_fg'), 1)} |"]
     if "parts/position_NMI" in scalars:
       lines += [f"| chance: keypoint position alone (k-means on the training keypoints) | "
-                f"{_number(scalars['parts/position_NMI'], 1)} | "
-                f"{_number(scalars['parts/position_ARI'], 1)} |"]
+                f"{reporting.fmt(scalars['parts/position_NMI'], 1)} | "
+                f"{reporting.fmt(scalars['parts/position_ARI'], 1)} |"]
   num_true = sum(1 for name in scalars if name.startswith("parts/coverage/"))
   if num_true:
     num_parts = sum(1 for name in scalars
@@ -515,10 +513,11 @@ def report_markdown(scalars: Mapping[str, float], warnings: Sequence[str], *, ti
       best = scalars.get(f"parts/best_part/{g}")
       matched = (part_label(int(best), num_parts) if best is not None and np.isfinite(best)
                  and num_parts >= 1 else "n/a")
-      lines.append(f"| {name} | {matched} | {_number(scalars[f'parts/coverage/{g}'], 3)} | "
-                   f"{_number(scalars.get(f'parts/area_ratio/{g}'), 3)} |")
-    lines.append(f"| mean over the true parts | | {_number(scalars.get('parts/coverage'), 3)} | "
-                 f"{_number(scalars.get('parts/area_ratio'), 3)} |")
+      lines.append(f"| {name} | {matched} | {reporting.fmt(scalars[f'parts/coverage/{g}'], 3)} | "
+                   f"{reporting.fmt(scalars.get(f'parts/area_ratio/{g}'), 3)} |")
+    lines.append(f"| mean over the true parts | | "
+                 f"{reporting.fmt(scalars.get('parts/coverage'), 3)} | "
+                 f"{reporting.fmt(scalars.get('parts/area_ratio'), 3)} |")
   num_channels = sum(1 for name in scalars
                      if name.startswith("part_share/") and name.rsplit("/", 1)[1].isdigit())
   if num_channels:
