@@ -198,11 +198,13 @@ def training_config(size: dict, world_options: dict, steps: int,
   return config
 
 
-# The supervised stand-in continued by the dense term alone (`stand_in_objective=
-# attributes_then_dense`): the attribute stage gives the CLS token and the patch tokens the
-# attributes, the dense stage moves the last block's geometry towards the parts; chosen on `val`
-# by its quality curve (docs/experiments.md, "The stand-in"). Its options as SELF_SUPERVISED's.
-ATTRIBUTES_THEN_DENSE = dict(SELF_SUPERVISED, steps=200, evaluate_every=50)
+# The supervised stand-in continued by the dense term beside its attribute term
+# (`stand_in_objective=attributes_then_dense`): the attribute stage gives the CLS token and the
+# patch tokens the attributes, the dense stage moves the last block's geometry towards the parts
+# while the attribute term (its heads continued) keeps the attributes; chosen on `val` by its
+# quality curve (docs/experiments.md, "The stand-in continued"). SELF_SUPERVISED's options.
+ATTRIBUTES_THEN_DENSE = dict(SELF_SUPERVISED, steps=300, evaluate_every=50, self_supervised=dict(
+    SELF_SUPERVISED["self_supervised"], attributes=1.0))
 STAND_IN_OBJECTIVES = ("attributes", "self_supervised", "attributes_then_dense")
 
 

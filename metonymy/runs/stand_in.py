@@ -119,7 +119,7 @@ def pretrain_stand_in(config, world, state_dir: str = "", writer=None):
   heads, record = None, {}
   if pre.get("start_from"):
     # A stand-in that continues another one: that one first (shipped or pretrained here).
-    vit_config, params, start_record = start_stand_in(config, world, stage_dir("start"))
+    vit_config, params, heads, start_record = start_stand_in(config, world, stage_dir("start"))
     model = vit.VisionTransformer(vit_config)
     record["start"] = start_record
   else:
@@ -179,21 +179,22 @@ def start_config(config) -> ml_collections.ConfigDict:
 
 
 def start_stand_in(config, world, state_dir: str = "") -> Tuple:
-  """(vit_config, params, record) of the stand-in `config`'s continues: shipped in
-  metonymy/assets/ when made by exactly its recipe, else pretrained here."""
+  """(vit_config, params, heads, record) of the stand-in `config`'s continues: shipped in
+  metonymy/assets/ when made by exactly its recipe, else pretrained here. Its attribute heads go
+  on learning where the continuing stage has an attribute term."""
   start = start_config(config)
   recipe = stand_in_recipe(start, world)
   shipped = shipped_stand_in(start, world.seed)
   if start.backbone_pretraining.get("shipped") and os.path.exists(shipped + ".json"):
     if pretraining.read_stand_in_record(shipped).get("recipe") == recipe:
-      vit_config, params, _, _ = pretraining.load_stand_in(shipped)
+      vit_config, params, heads, _ = pretraining.load_stand_in(shipped)
       console.console(f"[demo] continuing the stand-in shipped in {shipped}.npz")
-      return vit_config, params, {"source": os.path.relpath(shipped, ASSETS)}
+      return vit_config, params, heads, {"source": os.path.relpath(shipped, ASSETS)}
   console.console("[demo] pretraining the stand-in this one continues "
                   f"({stand_in_command(start, world)})")
   vit_config, trained, record = pretrain_stand_in(start, world, state_dir)
-  return vit_config, trained.params, {"source": "pretrained in this run",
-                                      "seconds": trained.seconds}
+  return vit_config, trained.params, trained.heads, {"source": "pretrained in this run",
+                                                      "seconds": trained.seconds}
 
 
 def _training_images(config, world, vit_config):
