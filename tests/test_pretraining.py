@@ -430,6 +430,32 @@ def test_the_self_supervised_stand_in_is_its_own_recipe_and_is_measured_without_
                                    "stand_in_objective=self_supervised")
 
 
+# World seeds with a shipped continued (attributes_then_dense) stand-in.
+CONTINUED_SEEDS = (0,)
+
+
+@pytest.mark.parametrize("seed", CONTINUED_SEEDS)
+def test_the_shipped_continued_stand_in_holds_the_parts_and_keeps_the_attributes(seed):
+  """metonymy/assets/demo_stand_in_v3_dense_world<seed> is what `configs/demo.py:stand_in,
+  stand_in_objective=attributes_then_dense` makes from the shipped supervised stand-in, and its
+  recorded val quality is what it was chosen for: the last block's geometry far beyond the
+  supervised stand-in's, the attributes as well read as before."""
+  config = config_lib.load_sibling_config(CONFIG_FILE, "demo",
+                                          "stand_in_objective=attributes_then_dense")
+  config.world.seed = seed
+  vit_config, _, heads, record = pretrain.load_stand_in(stand_in.shipped_stand_in(config, seed))
+  assert record["recipe"] == stand_in.stand_in_recipe(config, config.world)
+  assert record["start"]["source"] == f"demo_stand_in_v3_world{seed}"
+  assert set(heads) == set(pretrain.HEADS)
+  start = stand_in.start_config(config)
+  before = pretrain.read_stand_in_record(stand_in.shipped_stand_in(start, seed))["quality_val"]
+  quality = record["quality_val"]
+  assert quality["kmeans_fg/NMI"] > before["kmeans_fg/NMI"] + 15.0
+  assert quality["kmeans_fg/NMI"] > quality["position_fg/NMI"] + 30.0
+  assert quality["cls/mAP"] > before["cls/mAP"] - 0.02 and quality["cls/mAP"] >= MIN_CLS_MAP["v3"]
+  assert quality["part_probe/balanced_accuracy"] > before["part_probe/balanced_accuracy"]
+
+
 @pytest.mark.parametrize("seed", (0, 1, 2))
 def test_the_attributes_then_dense_stand_in_starts_from_the_shipped_supervised_one(seed):
   """Its first stage is exactly the world's supervised stand-in recipe, so the shipped file is
