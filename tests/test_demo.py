@@ -114,6 +114,10 @@ def test_block_says_whether_the_machine_was_shared():
   assert "3000 steps on the world's attributes" in tables.describe(results)
   results["backbone"]["pretraining_objective"] = "self_supervised"
   assert "3000 steps self-supervised on the world's images, no labels" in tables.describe(results)
+  # A stand-in continuing the supervised one says what it continues, never "no labels".
+  results["backbone"]["pretraining_start"] = "demo_stand_in_v3_world0"
+  text = tables.describe(results)
+  assert "continuing demo_stand_in_v3_world0" in text and "no labels" not in text
 
 
 def test_position_baseline_rows_of_the_discovery_table():

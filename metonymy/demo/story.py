@@ -162,6 +162,8 @@ def story_results(config, backbone: str, stand_in_record: Optional[Dict], bench:
                                          if pretrained_here else None),
                    "pretraining_objective": str(config.backbone_pretraining.get(
                        "objective", "attributes")),
+                   # The supervised stand-in it continues (attributes_then_dense), if any.
+                   "pretraining_start": (record.get("start") or {}).get("source"),
                    "source": record.get("source"),
                    "quality_val": record.get("quality_val")},
       "benchmark": benchmark,

@@ -107,6 +107,10 @@ def describe(results: Dict) -> str:
   learned = ("self-supervised on the world's images, no labels"
              if results["backbone"].get("pretraining_objective") == "self_supervised"
              else "on the world's attributes")
+  start = results["backbone"].get("pretraining_start")
+  if start:  # A stand-in continued from another (stand_in_objective=attributes_then_dense).
+    learned = (f"with the dense self-supervised term beside its attribute term, continuing "
+               f"{start} (pretrained on the world's attributes)")
   backbone = (f"a ViT (patch {arch.get('patch_size')}, width {arch.get('width')}, depth "
               f"{arch.get('depth')}) pretrained for {pre} steps {learned}"
               f"{' (' + source + ')' if source else ''}" if pre is not None
