@@ -218,8 +218,8 @@ def write(workdir: str, config, results: Dict, visuals: Mapping[str, Dict],
     if terms:
       lines += ["The two terms of eq. 1, averaged over the groups with a defined PS_g (leakage "
                 "raises the mAP of the other parts):", "",
-                reporting.markdown_table(["Masking", "mAP, matched parts", "mAP, other parts", "PS"],
-                                         terms), ""]
+                reporting.markdown_table(
+                    ["Masking", "mAP, matched parts", "mAP, other parts", "PS"], terms), ""]
     if "nmi_with_background" in b["mean"] or "nmi_foreground" in b["mean"]:
       fit = seed0.get("position_baseline")
       position = [[f"chance: keypoint position alone (k-means, {fit['num_clusters']} clusters, "
