@@ -81,6 +81,17 @@ def _pretraining_recipe(pre: Dict) -> Dict:
   return pre
 
 
+def shipped_record(config, world) -> Tuple[str, Optional[Dict], bool]:
+  """(path prefix of the stand-in shipped for config's world seed, its record, whether it was made
+  by exactly config's recipe). The record is None when shipping is off
+  (backbone_pretraining.shipped) or no such file is shipped."""
+  prefix = shipped_stand_in(config, world.seed)
+  if not (config.backbone_pretraining.get("shipped") and os.path.exists(prefix + ".json")):
+    return prefix, None, False
+  recorded = pretraining.read_stand_in_record(prefix)
+  return prefix, recorded, recorded.get("recipe") == stand_in_recipe(config, world)
+
+
 def recipe_differences(shipped: Dict, wanted: Dict, prefix: str = "") -> list:
   """The dotted keys whose values differ between two recipes (either side missing counts)."""
   keys = sorted(set(shipped) | set(wanted))
@@ -183,13 +194,11 @@ def start_stand_in(config, world, state_dir: str = "") -> Tuple:
   metonymy/assets/ when made by exactly its recipe, else pretrained here. Its attribute heads go
   on learning where the continuing stage has an attribute term."""
   start = start_config(config)
-  recipe = stand_in_recipe(start, world)
-  shipped = shipped_stand_in(start, world.seed)
-  if start.backbone_pretraining.get("shipped") and os.path.exists(shipped + ".json"):
-    if pretraining.read_stand_in_record(shipped).get("recipe") == recipe:
-      vit_config, params, heads, _ = pretraining.load_stand_in(shipped)
-      console.console(f"[demo] continuing the stand-in shipped in {shipped}.npz")
-      return vit_config, params, heads, {"source": os.path.relpath(shipped, ASSETS)}
+  shipped, _, matches = shipped_record(start, world)
+  if matches:
+    vit_config, params, heads, _ = pretraining.load_stand_in(shipped)
+    console.console(f"[demo] continuing the stand-in shipped in {shipped}.npz")
+    return vit_config, params, heads, {"source": os.path.relpath(shipped, ASSETS)}
   console.console("[demo] pretraining the stand-in this one continues "
                   f"({stand_in_command(start, world)})")
   vit_config, trained, record = pretrain_stand_in(start, world, state_dir)
@@ -241,22 +250,21 @@ def pretrained_backbone(config, workdir, world) -> Tuple[str, Optional[Dict]]:
     return given, None
   path = os.fspath(Workdir(workdir).backbone)
   prefix = os.path.join(path, STAND_IN_FILE)
-  recipe = stand_in_recipe(config, world)
   if store.is_converted(path) and os.path.exists(prefix + ".json"):
     console.console(f"[demo] reusing the backbone pretrained earlier in {path}")
     vit_config, params, heads, record = pretraining.load_stand_in(prefix)
   else:
-    shipped = shipped_stand_in(config, world.seed)
+    shipped, recorded, matches = shipped_record(config, world)
     record = None
-    if config.backbone_pretraining.get("shipped") and os.path.exists(shipped + ".json"):
-      recorded = pretraining.read_stand_in_record(shipped)
-      if recorded.get("recipe") == recipe:
+    if recorded is not None:
+      if matches:
         vit_config, params, heads, record = pretraining.load_stand_in(shipped)
         console.console(f"[demo] using the stand-in shipped in {shipped}.npz (made by this recipe: "
                         f"{record['command']})")
         record = dict(record, source=os.path.relpath(shipped, ASSETS))
       else:
-        differ = recipe_differences(recorded.get("recipe") or {}, recipe)
+        differ = recipe_differences(recorded.get("recipe") or {},
+                                    stand_in_recipe(config, world))
         console.console(f"[demo] the shipped stand-in {shipped} was made by another recipe "
                         f"(it differs in {', '.join(differ[:6]) or 'its format'}); pretraining "
                         f"one here, as it took {float(recorded.get('seconds', 0)) / 60:.0f} min "

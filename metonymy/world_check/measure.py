@@ -168,11 +168,8 @@ def _backbone(config, path: str):
     block.checkpoint = path
     model, params, arch = loading.build_backbone(block)
     return model, params, arch, path
-  prefix = stand_in.shipped_stand_in(config, config.world.seed)
-  if not os.path.exists(prefix + ".json"):
-    return None
-  if pretrain.read_stand_in_record(prefix).get("recipe") != stand_in.stand_in_recipe(
-      config, config.world):
+  prefix, _, matches = stand_in.shipped_record(config, config.world)
+  if not matches:
     return None
   arch, params, _, _ = pretrain.load_stand_in(prefix)
   return vit.VisionTransformer(arch), params, arch, os.path.relpath(prefix, stand_in.ASSETS)
