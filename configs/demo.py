@@ -10,12 +10,15 @@ Steps (metonymy/demo/story.py), on the world with cross-part correlation 0, so a
 feature to predict part k's attributes is leakage:
   1. the stand-in for DINO: a tiny ViT (patch 4, width 64, depth 4; depth 2 for `tiny`)
      pretrained to predict every attribute from its CLS token and from one attention read-out
-     per part (training/pretraining.py; image-level labels only). Its pretraining takes several
-     times the demo's budget (docs/experiments.md; its record's `seconds`), so the stand-in made
-     by exactly this recipe ships in metonymy/assets/ (one per world seed 0-2; `:stand_in`
-     remakes one) and is used when the recipe matches, else it is pretrained here. Its own
-     quality (attribute mAP of its heads on `val`) is reported. Saved as a converted backbone
-     folder, WORKDIR/backbone, usable as --config.backbone.checkpoint anywhere;
+     per part (training/pretraining.py), then, on world v3, continued by a dense self-supervised
+     term beside that attribute term (training/self_supervised.py), which gives its last block
+     the parts' geometry as DINO's has; image-level labels only, never part masks or keypoints.
+     Its pretraining takes several times the demo's budget (docs/experiments.md; its record's
+     `seconds`), so the stand-in made by exactly this recipe ships in metonymy/assets/ (one per
+     world seed 0-2; `:stand_in` remakes one) and is used when the recipe matches, else it is
+     pretrained here, as the demo says. Its own quality on `val` (attribute mAP of its heads,
+     k-means of its tokens against the parts) is reported. Saved as a converted backbone folder,
+     WORKDIR/backbone, usable as --config.backbone.checkpoint anywhere;
   2. the leakage benchmark of that backbone with ground-truth part masks, late vs early masking
      (job "probe" in WORKDIR/benchmark);
   3. single-stage and two-stage (STE) part discovery from it (job "train" in WORKDIR/single and
@@ -30,10 +33,10 @@ stand-in anew and write it where the demo finds it, metonymy/assets/<stand_in_na
 (the command that made the shipped files, one per world seed: add --config.world.seed=N; it saves
 its state in DIR/pretraining_state every backbone_pretraining.checkpoint_every steps, and the
 same command resumes a killed run there); `stand_in_objective=attributes|self_supervised|
-attributes_then_dense`, the stand-in's objective (world v3 only: the supervised one by default;
-the self-supervised one, SELF_SUPERVISED below; the supervised one continued by the dense term,
-ATTRIBUTES_THEN_DENSE; each shipped for world seeds 0-2, else pretrained first, which
-docs/experiments.md times).
+attributes_then_dense`, the stand-in's objective (world v3 only: the supervised one; the
+self-supervised one, SELF_SUPERVISED below; the supervised one continued by the dense term,
+ATTRIBUTES_THEN_DENSE, the default; each shipped for world seeds 0-2, else pretrained first,
+which docs/experiments.md times).
 """
 
 import ml_collections
@@ -96,14 +99,17 @@ WORLDS = {
                # (SELF_SUPERVISED), shipped under its own name.
                self_supervised=dict(stand_in_name="demo_stand_in_v3_ssl_world{seed}"),
                # `stand_in_objective=attributes_then_dense`: the supervised stand-in, then the
-               # dense term (ATTRIBUTES_THEN_DENSE), shipped under its own name.
+               # dense term (ATTRIBUTES_THEN_DENSE), shipped under its own name. The default: the
+               # one stand-in whose last block holds the parts and that leaks as the paper's
+               # backbones do (docs/experiments.md, "The stand-in continued").
                attributes_then_dense=dict(stand_in_name="demo_stand_in_v3_dense_world{seed}"),
-               # Part discovery with the attribute losses alone, as the Table-3 job: with every
-               # prior at PDiscoFormer's weight single-stage collapses to the background on v3
-               # (val: 94% of the patches; docs/experiments.md, "Single-stage on v3"), and so did
-               # both of the demo's runs (93%). 700 steps each: at 1,000 the demo took 585 s on
-               # 2 idle cores, too close to its 10 minutes.
-               priors="off", single_steps=700, two_stage_steps=700),
+               stand_in_objective="attributes_then_dense",
+               # Part discovery with every prior at PDiscoFormer's weight, as the Table-3 job:
+               # on the continued stand-in they find more of the parts than the attribute losses
+               # alone and no run collapses; on the supervised stand-in they sent the object into
+               # the background (docs/experiments.md, "Stage 1 on the continued stand-in"). 700
+               # steps each: at 1,000 the demo ran too close to its 10 minutes.
+               priors="paper", single_steps=700, two_stage_steps=700),
 }
 # The self-supervised stand-in (training/self_supervised.py), chosen on `val` by the token
 # geometry Stage 1 needs (docs/experiments.md, "The stand-in"): the dense within-image term

@@ -288,11 +288,13 @@ def stage1_model(num_parts: int, temperature: float = 1.0) -> ml_collections.Con
   PDiscoFormer's 0.3, the paper silent) and Gumbel noise in the evaluation maps
   (`evaluation_noise`; PDiscoFormer keeps it, the paper silent) and whether the backbone's
   CLS / register tokens and position table train (`trained_tokens`, optimizer group "tokens";
-  the paper keeps the backbone "strictly frozen", PDiscoFormer trains them). Their defaults are
-  the runs recorded so far."""
+  the paper keeps the backbone "strictly frozen", PDiscoFormer trains them). Their defaults:
+  the paper's reading where it speaks (per-part statistics, docs/models.md says why; frozen
+  tokens), PDiscoFormer's where it is silent (part dropout 0.3); evaluation without Gumbel noise
+  so that a model's scores do not depend on a noise draw."""
   return ml_collections.ConfigDict(dict({"name": "stage1", "num_parts": num_parts,
                                          "temperature": temperature,
-                                         "embedding_norm": "per_part", "part_dropout": 0.0,
+                                         "embedding_norm": "per_part", "part_dropout": 0.3,
                                          "evaluation_noise": False, "trained_tokens": False},
                                         **PROTOTYPE_INIT))
 

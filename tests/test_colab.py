@@ -55,7 +55,7 @@ def test_committed_notebook_is_executed_top_to_bottom_with_its_figures():
       o.get("text", "") for o in code[0].outputs)
   # What the project ships today: the demo's world (v3, its default) and its shipped stand-in.
   text = "".join(o.get("text", "") for c in code for o in c.outputs)
-  assert "demo_stand_in_v3_world0.npz" in text and "plain tone 'part'" in text
+  assert "demo_stand_in_v3_dense_world0.npz" in text and "plain tone 'part'" in text
   assert "world=v1" not in "".join(c.source for c in code)
 
 

@@ -248,10 +248,12 @@ MIN_CLS_MAP = {"v1": 0.6, "v2": 0.35, "v3": 0.5}
 
 @pytest.mark.parametrize("world,seed", SHIPPED)
 def test_shipped_stand_in_loads_and_matches_the_demo_recipe(world, seed):
-  """The file in metonymy/assets/ is what `configs/demo.py:stand_in[,world=W]
-  --config.world.seed=N` makes: its recorded recipe equals the demo's (so the demo uses it), its
-  arrays fit that architecture, and its recorded quality on val is well above chance."""
-  config = config_lib.load_sibling_config(CONFIG_FILE, "demo", f"world={world}")
+  """The supervised stand-in in metonymy/assets/ is what `configs/demo.py:stand_in[,world=W],
+  stand_in_objective=attributes --config.world.seed=N` makes: its recorded recipe equals the
+  demo's (so the demo uses it), its arrays fit that architecture, and its recorded quality on
+  val is well above chance."""
+  config = config_lib.load_sibling_config(CONFIG_FILE, "demo",
+                                          f"world={world},stand_in_objective=attributes")
   config.world.seed = seed
   prefix = stand_in.shipped_stand_in(config, seed)
   vit_config, params, heads, record = pretrain.load_stand_in(prefix)
@@ -282,7 +284,8 @@ def test_the_shipped_self_supervised_stand_in_matches_its_recipe_and_holds_the_p
   assert heads == {} and "stand_in_objective=self_supervised" in record["command"]
   _, _, demo_vit_config = loading.build_backbone(config.backbone, config.seed)
   assert vit_config == demo_vit_config
-  supervised = config_lib.load_sibling_config(CONFIG_FILE, "demo", "")
+  supervised = config_lib.load_sibling_config(CONFIG_FILE, "demo",
+                                              "stand_in_objective=attributes")
   supervised_quality = pretrain.read_stand_in_record(
       stand_in.shipped_stand_in(supervised, seed))["quality_val"]
   quality = record["quality_val"]
@@ -500,7 +503,8 @@ def test_a_stand_in_that_continues_another_starts_from_its_weights():
 
 
 def test_a_shipped_stand_in_of_another_recipe_is_named_by_what_differs():
-  supervised = config_lib.load_sibling_config(CONFIG_FILE, "demo", "")
+  supervised = config_lib.load_sibling_config(CONFIG_FILE, "demo",
+                                              "stand_in_objective=attributes")
   ssl = config_lib.load_sibling_config(CONFIG_FILE, "demo", "stand_in_objective=self_supervised")
   differ = stand_in.recipe_differences(stand_in.stand_in_recipe(supervised, supervised.world),
                                        stand_in.stand_in_recipe(ssl, ssl.world))

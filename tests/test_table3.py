@@ -163,12 +163,17 @@ def test_readme_block_says_whether_the_machine_was_shared():
   results["machine"].update(load_average_start=[0.1, 0.1, 0.1], load_average_end=[2.0, 2.0, 1.9])
   assert ("Wall time 92 min on 2 CPU cores (load average 2.0 at the end: machine otherwise "
           "idle).") in report.readme_block(results)
-  # The command names what made the numbers: v1 with the priors off is the config's default.
-  assert "--config=configs/synthetic_table3.py --workdir=DIR" in report.readme_block(results)
-  results["world_name"] = "v3"
-  results["protocol"]["loss_weights"] = {"attribute": 1.0, "orthogonality": 1.0, "entropy": 2.0}
-  assert ("--config=configs/synthetic_table3.py:world=v3,priors=paper --workdir=DIR"
+  # The command names what made the numbers, whatever the defaults of the day: the priors
+  # (off here), the world when not v1, the stand-in's objective when recorded.
+  assert ("--config=configs/synthetic_table3.py:priors=off --workdir=DIR"
           in report.readme_block(results))
+  results["world_name"] = "v3"
+  results["stand_in_objective"] = "attributes_then_dense"
+  results["protocol"]["loss_weights"] = {"attribute": 1.0, "orthogonality": 1.0, "entropy": 2.0}
+  assert ("--config=configs/synthetic_table3.py:world=v3,priors=paper,stand_in_objective="
+          "attributes_then_dense --workdir=DIR" in report.readme_block(results))
+  results["protocol"]["loss_weights"] = {"attribute": 1.0, "orthogonality": 1.0, "entropy": 0.0}
+  assert ":world=v3,stand_in_objective=" in report.readme_block(results)  # neither: not said
 
 
 def test_each_world_seed_writes_its_own_readme_block(tmp_path):

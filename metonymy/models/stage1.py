@@ -80,11 +80,13 @@ class Stage1Head(nn.Module):
       before the option (`norm`: scale and bias [D]); "joint" has them per part ([K+1, D]).
     part_dropout: the probability of dropping a whole foreground part embedding before the
       attribute head in training (the survivors scaled by 1/(1-p)). The paper is silent;
-      PDiscoFormer drops parts with p = 0.3 (its released CUB configuration too).
+      PDiscoFormer drops parts with p = 0.3 (its released CUB configuration too), which
+      config_lib.stage1_model's recipe follows; the module alone drops none.
     evaluation_noise: Gumbel noise in the maps at evaluation too. The paper says only that the
       maps come from "comparing patch features to learnable prototypes p^k, followed by a
       Gumbel-Softmax operation"; PDiscoFormer's model adds the noise in eval mode as well.
-      False (the runs recorded so far): evaluation maps are the noise-free softmax.
+      False: evaluation maps are the noise-free softmax, so a model's scores do not depend on a
+      noise draw.
   """
   num_parts: int
   num_attributes: int

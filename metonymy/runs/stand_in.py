@@ -38,14 +38,19 @@ def shipped_stand_in(config, world_seed: int) -> str:
   return os.path.join(ASSETS, name.format(seed=int(world_seed)))
 
 
+def objective_name(config) -> str:
+  """The stand-in's `stand_in_objective` (configs/demo.py): attributes, self_supervised, or
+  attributes_then_dense (a stage that continues another)."""
+  if config.backbone_pretraining.get("start_from"):
+    return "attributes_then_dense"
+  return config.backbone_pretraining.get("objective", "attributes")
+
+
 def stand_in_command(config, world) -> str:
   """The command that pretrains this stand-in anew (mode "stand_in")."""
   arg = "stand_in" + (f",world={config.world_name}" if config.get("world_name", "v1") != "v1"
                       else "")
-  if config.backbone_pretraining.get("start_from"):
-    arg += ",stand_in_objective=attributes_then_dense"
-  elif config.backbone_pretraining.get("objective", "attributes") != "attributes":
-    arg += f",stand_in_objective={config.backbone_pretraining.objective}"
+  arg += f",stand_in_objective={objective_name(config)}"
   return (f"python -m metonymy.main --config=configs/demo.py:{arg} "
           f"--config.world.seed={int(world.seed)} --workdir=DIR")
 

@@ -65,6 +65,7 @@ def run(config, workdir) -> Dict:
       "world": world.to_dict(),
       "world_seed": int(world.seed),
       "world_name": config.get("world_name", "v1"),  # configs/demo.py's WORLDS key
+      "stand_in_objective": stand_in.objective_name(config),
       "seeds": [int(s) for s in config.seeds],
       "backbone": {"path": files.record(backbone), "source": (record or {}).get("source"),
                    "quality_val": (record or {}).get("quality_val")},

@@ -321,9 +321,10 @@ def markdown(results: Dict) -> str:
 
 
 def config_arg(results: Dict) -> str:
-  """The configs/synthetic_table3.py argument that made `results` (":world=v3,priors=paper"), as
-  far as the results tell: the world when not v1, the paper's priors when every prior is on, the
-  evaluation split when not test."""
+  """The configs/synthetic_table3.py argument that made `results`
+  (":world=v3,priors=paper,stand_in_objective=attributes_then_dense"), as far as the results
+  tell and whatever the defaults of the day: the world when not v1, the priors when every one is
+  on (paper) or off, the stand-in's objective when recorded, the evaluation split when not test."""
   args = []
   if results.get("world_name", "v1") != "v1":
     args.append(f"world={results['world_name']}")
@@ -331,6 +332,10 @@ def config_arg(results: Dict) -> str:
   priors = [v for k, v in p["loss_weights"].items() if k != "attribute"]
   if priors and all(priors):
     args.append("priors=paper")
+  elif not any(priors):
+    args.append("priors=off")
+  if results.get("stand_in_objective"):
+    args.append(f"stand_in_objective={results['stand_in_objective']}")
   if p.get("eval_split", "test") != "test":
     args.append(f"split={p['eval_split']}")
   return ":" + ",".join(args) if args else ""
