@@ -33,6 +33,7 @@ terms every 50 steps and every evaluation go to TensorBoard and metrics.jsonl. A
 resumes bit for bit from `state_dir` (PretrainingState).
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -46,8 +47,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from tqdm.auto import tqdm
 
+from metonymy import console
 from metonymy import converters
 from metonymy.evaluation import metrics
 from metonymy.evaluation import token_geometry
@@ -55,8 +56,10 @@ from metonymy.models import vit
 from metonymy.training import geometry
 from metonymy.training import optimizer as optimizer_lib
 from metonymy.training import self_supervised
+from metonymy.workdir import writers
 
 HEADS = ("cls", "parts")
+LOG_EVERY = 50  # steps between loss records and progress lines
 OBJECTIVES = ("attributes", "self_supervised")
 LOSSES = ("group_softmax", "bce")
 # "flip": random horizontal flips. "affine": flips, then one random similarity per image with
@@ -290,36 +293,36 @@ def pretrain(model, params, source, transforms, *, steps: int, batch_size: int =
         "evaluations": evaluations,
         "seconds": earlier_seconds + time.perf_counter() - start})
 
-  bar = None
-  if progress:
-    bar = tqdm(total=steps, initial=first, desc=f"pretrain backbone ({objective})", unit="step",
-               dynamic_ncols=True)
+  meter = None  # the trainer's steps/s and ETA, timed from the step after the compiling one
   for i in range(first, steps):
     idx = rng.integers(0, len(x), batch_size)
     flip = rng.random(batch_size) < 0.5
     xb = np.where(flip[:, None, None, None], x[idx][:, :, ::-1], x[idx])
     carry, value, aux = step(carry, xb, y[idx], valid[idx], jax.random.fold_in(augment_rng, i),
                              i)
-    if i % 50 == 0 or i == steps - 1:
+    if progress and meter is None:
+      jax.block_until_ready(value)
+      meter = writers.Progress(steps, LOG_EVERY)
+    if meter is not None:
+      meter(i + 1)
+    if i % LOG_EVERY == 0 or i == steps - 1:
       history.append((i + 1, float(value)))
-      if bar is not None:
-        bar.set_postfix(loss=f"{float(value):.4f}")
+      if meter is not None:
+        console.console(f"pretraining ({objective}) step {i + 1}/{steps} loss {float(value):.4f}"
+                        f" | {meter.line(i + 1)}")
       if writer is not None:
         writer.write_scalars(i + 1, {"pretrain/loss": value,
                                      **{f"pretrain/{k}": v for k, v in aux.items()}})
-    if bar is not None:
-      bar.update(1)
     if evaluate is not None and evaluate_every > 0 and (i + 1) % evaluate_every == 0 \
         and i + 1 < steps:
-      quality = evaluate(i + 1, backbone_of(carry), jax.device_get(heads_of(carry)))
+      with (meter.pause() if meter is not None else contextlib.nullcontext()):
+        quality = evaluate(i + 1, backbone_of(carry), jax.device_get(heads_of(carry)))
       evaluations.append((i + 1, quality))
       if writer is not None and isinstance(quality, dict):
         writer.write_scalars(i + 1, {f"pretrain_eval/{k}": v for k, v in quality.items()
                                      if isinstance(v, (int, float)) and v is not None})
     if state_dir and checkpoint_every > 0 and (i + 1) % checkpoint_every == 0 and i + 1 < steps:
       save(i + 1)
-  if bar is not None:
-    bar.close()
   if state_dir and first < steps:
     save(steps)
   seconds = earlier_seconds + time.perf_counter() - start
