@@ -354,14 +354,16 @@ def test_tiny_demo_writes_report_and_results(tiny_demo_run):
   assert any(l.startswith("two_stage_ste/images/") for l in links)
   assert all(os.path.exists(os.path.join(workdir, l)) for l in links), links
   # The priors' bill: the truth's on the patch grid, and each model's from its training log
-  # (none: the demo's world v3 trains with the attribute losses alone).
+  # (the demo's world v3 trains with every prior on).
   priors = pd["priors"]
   logged = subjobs.last_train_losses(os.path.join(workdir, "single"))
   assert priors["single"] == {k: logged.get(k) for k in references.MAP_PRIORS}
   assert priors["truth"]["entropy"] == 0.0 and priors["truth"]["total_variation"] > 0.0
   assert "| ground-truth parts on the patch grid (one-hot) |" in report
-  assert "| single-stage maps, last training batch |" not in report
-  assert "trained with the attribute losses alone (every prior at weight 0)" in report
+  assert priors["single"]["total_variation"] > 0.0 and priors["two_stage_ste"]["entropy"] > 0.0
+  assert "| single-stage maps, last training batch |" in report
+  assert "| two-stage STE maps, last training batch |" in report
+  assert "trained with the attribute losses alone (every prior at weight 0)" not in report
   assert "| k-means on the last block's foreground tokens vs the true parts (NMI x100) |" in report
   with open(readme_path) as f:
     block = f.read()

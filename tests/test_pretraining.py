@@ -407,7 +407,8 @@ def test_the_self_supervised_stand_in_is_its_own_recipe_and_is_measured_without_
   recipe = stand_in.stand_in_recipe(config, config.world)
   assert recipe["pretraining"]["objective"] == "self_supervised"
   assert recipe["pretraining"]["self_supervised"]["brightness"] > 0
-  supervised = config_lib.load_sibling_config(CONFIG_FILE, "demo", "tiny")
+  supervised = config_lib.load_sibling_config(CONFIG_FILE, "demo",
+                                              "tiny,stand_in_objective=attributes")
   # The supervised recipe's record is as it was before the objective existed (shipped files
   # made then keep matching it).
   assert "objective" not in stand_in.stand_in_recipe(supervised, supervised.world)["pretraining"]
