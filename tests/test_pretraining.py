@@ -435,7 +435,7 @@ def test_the_self_supervised_stand_in_is_its_own_recipe_and_is_measured_without_
 
 
 # World seeds with a shipped continued (attributes_then_dense) stand-in.
-CONTINUED_SEEDS = (0, 1)
+CONTINUED_SEEDS = (0, 1, 2)
 
 
 @pytest.mark.parametrize("seed", CONTINUED_SEEDS)
@@ -454,7 +454,8 @@ def test_the_shipped_continued_stand_in_holds_the_parts_and_keeps_the_attributes
   start = stand_in.start_config(config)
   before = pretrain.read_stand_in_record(stand_in.shipped_stand_in(start, seed))["quality_val"]
   quality = record["quality_val"]
-  # val, seeds 0 / 1: 39.5 / 35.0 against the supervised 13.1 / 21.5, position 2.4 / 4.4.
+  # val, seeds 0 / 1 / 2: 39.5 / 35.0 / 36.8 against the supervised 13.1 / 21.5 / 22.8,
+  # position 2.4 / 4.4 / 1.4.
   assert quality["kmeans_fg/NMI"] > before["kmeans_fg/NMI"] + 10.0
   assert quality["kmeans_fg/NMI"] > quality["position_fg/NMI"] + 25.0
   assert quality["cls/mAP"] > before["cls/mAP"] - 0.02 and quality["cls/mAP"] >= MIN_CLS_MAP["v3"]
