@@ -59,6 +59,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   config.job = "table3"
   config.seeds = (0, 1) if arg.small else (0, 1, 2)  # run seeds, each paired across variants
   config.variants = VARIANTS
+  # Stage 2's feedback into Stage 1 scaled in every two-stage variant (models/two_stage.py
+  # Stage2.feedback_scale; 1: eq. 9 as written), a counterfactual.
+  config.stage2_feedback_scale = 1.0
   config.readme = ""  # a README path: rewrite its <!-- table3:results --> block
   config.figure_images = 4 if arg.small else 6
   # Runs trained at once, each in a worker process (metonymy/runs/workers.py); 0: two on a CPU

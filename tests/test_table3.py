@@ -149,6 +149,14 @@ def test_configs_load_and_refuse_unknown_args():
         k: v for k, v in single.items() if k != "model"}
   with pytest.raises(ValueError, match="unknown variant"):
     variants.training_config(full, "late")
+  # Stage 2's feedback scale reaches every two-stage arm's model, and the protocol records it.
+  assert variants.training_config(full, "ste").model.stage2.feedback_scale == 1.0
+  full.stage2_feedback_scale = 30
+  for variant in ("hard", "ste", "soft", "hard_none"):
+    assert variants.training_config(full, variant).model.stage2.feedback_scale == 30.0
+  assert variants.training_config(full, "hard_none").model.stage2.hard_gradient == "none"
+  assert variants.protocol(full, variants.training_config(full, "ste"))[
+      "stage2_feedback_scale"] == 30.0
 
 
 def test_readme_block_says_whether_the_machine_was_shared():
@@ -174,6 +182,11 @@ def test_readme_block_says_whether_the_machine_was_shared():
           "attributes_then_dense --workdir=DIR" in report.readme_block(results))
   results["protocol"]["loss_weights"] = {"attribute": 1.0, "orthogonality": 1.0, "entropy": 0.0}
   assert ":world=v3,stand_in_objective=" in report.readme_block(results)  # neither: not said
+  # Stage 2's feedback scale is named when it is not eq. 9's 1.
+  assert "stage2_feedback_scale" not in report.readme_block(results)
+  results["protocol"]["stage2_feedback_scale"] = 30.0
+  assert ("--config.world.seed=0 --config.stage2_feedback_scale=30 --config.readme=README.md"
+          in report.readme_block(results))
 
 
 def test_each_world_seed_writes_its_own_readme_block(tmp_path):

@@ -107,12 +107,12 @@ def test_soft_masks_leak_measurably():
   assert change > 1e-3, change
 
 
-def _two_stage_model(mask, scope="layer", hard_gradient="selected"):
+def _two_stage_model(mask, scope="layer", hard_gradient="selected", feedback_scale=1.0):
   backbone = vit.VisionTransformer(CONFIG)
   frozen = backbone.init(jax.random.PRNGKey(1), jnp.zeros((1, 24, 24, 3)))["params"]
   stage1 = stage1_lib.Stage1(backbone, stage1_lib.Stage1Head(num_parts=K, num_attributes=A))
   stage2 = two_stage.Stage2(CONFIG, num_parts=K, num_attributes=A, mask=mask, ste_scope=scope,
-                            hard_gradient=hard_gradient)
+                            hard_gradient=hard_gradient, feedback_scale=feedback_scale)
   model = two_stage.TwoStage(stage1, stage2)
   images = jax.random.normal(jax.random.PRNGKey(2), (2, 24, 24, 3))
   return model, model.init(jax.random.PRNGKey(3), images, frozen), frozen, images
@@ -188,6 +188,37 @@ def test_stage2_gradient_reaches_stage1_unless_hard_masks_send_none(mask, scope,
   assert float(jnp.linalg.norm(grads["stage2"]["backbone"]["blocks_0"]["mlp"]["fc1"]["kernel"])) > 0
 
 
+@pytest.mark.parametrize("mask", ["ste", "hard"])
+def test_feedback_scale_scales_stage2s_gradient_into_stage1_and_nothing_else(mask):
+  """feedback_scale multiplies what Stage 2 sends Stage 1 (the counterfactual that lets it
+  compete with the priors); the forward pass and Stage 2's own gradient stay bit-identical, so
+  the arms differ in Stage 1's feedback alone. 0 cuts it."""
+  labels = (jax.random.uniform(jax.random.PRNGKey(4), (2, A)) > 0.5).astype(jnp.float32)
+
+  def run(scale):
+    model, params, frozen, images = _two_stage_model(mask, feedback_scale=scale)
+
+    def stage2_loss(params):
+      out = model.apply(params, frozen, images, train=True, rng=jax.random.PRNGKey(5))
+      return losses.attribute_bce(out["logits"]["stage2"], labels,
+                                  jnp.ones_like(labels, bool)), out["logits"]["stage2"]
+    return jax.grad(stage2_loss, has_aux=True)(params)
+
+  grads, logits = run(1.0)
+  scaled_grads, scaled_logits = run(30.0)
+  np.testing.assert_array_equal(np.asarray(logits), np.asarray(scaled_logits))
+  for a, b in zip(jax.tree_util.tree_leaves(grads["stage2"]),
+                  jax.tree_util.tree_leaves(scaled_grads["stage2"])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  prototypes = np.asarray(grads["stage1"]["prototypes"])
+  assert np.linalg.norm(prototypes) > 0
+  np.testing.assert_allclose(np.asarray(scaled_grads["stage1"]["prototypes"]), 30.0 * prototypes,
+                             rtol=1e-4, atol=1e-9)
+  cut, cut_logits = run(0.0)
+  np.testing.assert_array_equal(np.asarray(logits), np.asarray(cut_logits))
+  assert not any(np.any(np.asarray(g)) for g in jax.tree_util.tree_leaves(cut["stage1"]))
+
+
 def test_two_stage_outputs_and_param_groups():
   model, params, frozen, images = _two_stage_model("ste")
   out = model.apply(params, frozen, images, train=False)
@@ -258,6 +289,14 @@ def test_stage2_options_are_checked_where_the_model_is_built(option):
   config = _config("ste")
   config.model.stage2[option] = "bogus"
   with pytest.raises(ValueError, match=f"stage2 {option} must be one of .*'bogus'"):
+    loading.build_model(config, A)
+
+
+@pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf")])
+def test_a_bad_feedback_scale_is_refused_where_the_model_is_built(value):
+  config = _config("ste")
+  config.model.stage2.feedback_scale = value
+  with pytest.raises(ValueError, match="stage2 feedback_scale must be a finite number >= 0"):
     loading.build_model(config, A)
 
 

@@ -23,6 +23,10 @@ DEFAULTS = {
     "hard_gradient": "selected",
     "drop_background": True,
     "attention_tiles": 0,
+    # The gradient Stage 2 sends Stage 1's maps, times this (the forward is untouched). 1 is eq. 9
+    # as written ("L = L_att,stage1 + L_att,stage2 + ..."); 0 cuts Stage 2's feedback; > 1 is the
+    # counterfactual that lets Stage 2's feedback compete with the priors at the prototypes.
+    "feedback_scale": 1.0,
 }
 
 # The two-stage variants by name: the options each sets over DEFAULTS. Each mask goes by its own
@@ -40,10 +44,14 @@ def variant(name: str) -> dict:
   return dict(VARIANTS[name])
 
 
-def check(mask: str, feature: str, ste_scope: str, hard_gradient: str) -> None:
+def check(mask: str, feature: str, ste_scope: str, hard_gradient: str,
+          feedback_scale: float = 1.0) -> None:
   """Raises ValueError naming the first option that is not one of its values."""
   for name, value, allowed in (("mask", mask, MASKS), ("feature", feature, FEATURES),
                                ("ste_scope", ste_scope, STE_SCOPES),
                                ("hard_gradient", hard_gradient, HARD_GRADIENTS)):
     if value not in allowed:
       raise ValueError(f"stage2 {name} must be one of {allowed}, got {value!r}")
+  if not isinstance(feedback_scale, (int, float)) or isinstance(feedback_scale, bool) or not (
+      feedback_scale >= 0 and feedback_scale < float("inf")):
+    raise ValueError(f"stage2 feedback_scale must be a finite number >= 0, got {feedback_scale!r}")

@@ -58,6 +58,13 @@ def maps_to_patch_grid(maps: jnp.ndarray, grid: Tuple[int, int]) -> jnp.ndarray:
   return einops.rearrange(maps, "b k h w -> b (h w) k")
 
 
+def scale_gradient(x: jnp.ndarray, scale: float) -> jnp.ndarray:
+  """x in the forward pass (bit for bit); its gradient times `scale` in the backward pass."""
+  if scale == 0:
+    return jax.lax.stop_gradient(x)
+  return jax.lax.stop_gradient(x) + scale * (x - jax.lax.stop_gradient(x))
+
+
 class Stage2(nn.Module):
   """The isolated part streams and their routed attribute head.
 
@@ -82,6 +89,14 @@ class Stage2(nn.Module):
       (models/block_sparse.py).
     attention_tiles: > 0: hard-mask attention tile by tile over the part-sorted sequence,
       skipping key tiles no query of a tile may see (models/block_sparse.py).
+    feedback_scale: the gradient Stage 2 sends Stage 1's maps (through part_probs), times this;
+      the forward and Stage 2's own gradients are untouched. 1 (the default) is eq. 9 as
+      written, "L = L_att,stage1 + L_att,stage2 + ...": both attribute losses at weight 1. The
+      paper is silent on the balance, and on a tiny backbone the priors' gradient at the
+      prototypes can be 100x Stage 2's (docs/experiments.md), so > 1 is the counterfactual
+      that asks whether Stage 2's feedback moves the parts once it is heard. Weighting
+      L_att,stage2 instead would also rescale Stage 2's own training (through clipping and
+      the optimizer), which this keeps out of the comparison.
 
   The defaults of the config's options are stage2_options.DEFAULTS (the config block's too), and
   they are checked on construction, so a bad value fails where the model is built.
@@ -95,12 +110,14 @@ class Stage2(nn.Module):
   hard_gradient: str = stage2_options.DEFAULTS["hard_gradient"]
   drop_background: bool = stage2_options.DEFAULTS["drop_background"]
   attention_tiles: int = stage2_options.DEFAULTS["attention_tiles"]
+  feedback_scale: float = stage2_options.DEFAULTS["feedback_scale"]
   attention_impl: Optional[str] = None  # VisionTransformer.attention_impl ("cudnn" on GPUs).
   norm_eps: float = 1e-5
   dtype: Any = jnp.float32
 
   def __post_init__(self):
-    stage2_options.check(self.mask, self.feature, self.ste_scope, self.hard_gradient)
+    stage2_options.check(self.mask, self.feature, self.ste_scope, self.hard_gradient,
+                         self.feedback_scale)
     super().__post_init__()
 
   @nn.compact
@@ -112,6 +129,8 @@ class Stage2(nn.Module):
     (tests/test_two_stage.py), and without a backward pass the soft half is dead weight. The
     same holds for hard masks' "selected" gradient, so inference may drop the background.
     """
+    if self.feedback_scale != 1:
+      part_probs = scale_gradient(part_probs, self.feedback_scale)
     model = vit.VisionTransformer(self.backbone, dtype=self.dtype,
                                   attention_impl=self.attention_impl,
                                   attention_tiles=self.attention_tiles, name="backbone")
@@ -218,6 +237,7 @@ def build(config, backbone: vit.VisionTransformer, num_attributes: int) -> TwoSt
                   ste_scope=options["ste_scope"], hard_gradient=options["hard_gradient"],
                   drop_background=options["drop_background"],
                   attention_tiles=options["attention_tiles"],
+                  feedback_scale=options["feedback_scale"],
                   attention_impl=config.backbone.get("attention_impl") or None,
                   dtype=jnp.dtype(config.backbone.dtype))
   return TwoStage(stage1, stage2)
