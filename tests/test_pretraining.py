@@ -462,6 +462,20 @@ def test_the_shipped_continued_stand_in_holds_the_parts_and_keeps_the_attributes
   assert quality["part_probe/balanced_accuracy"] > before["part_probe/balanced_accuracy"]
 
 
+def test_an_option_added_later_matches_the_shipped_stand_in_only_at_its_old_value():
+  """The shipped stand-ins predate `dense_head`: at 0 (the dense term on the backbone's tokens,
+  as they were made) they are the recipe's; with a head they are not, and the demo says so."""
+  config = config_lib.load_sibling_config(CONFIG_FILE, "demo",
+                                          "stand_in_objective=attributes_then_dense")
+  assert config.backbone_pretraining.self_supervised.dense_head == 0
+  assert stand_in.shipped_record(config, config.world)[2]
+  config.backbone_pretraining.self_supervised.dense_head = 32
+  prefix, recorded, matches = stand_in.shipped_record(config, config.world)
+  assert not matches
+  assert stand_in.recipe_differences(recorded["recipe"], stand_in.stand_in_recipe(
+      config, config.world)) == ["pretraining.self_supervised.dense_head"]
+
+
 @pytest.mark.parametrize("seed", (0, 1, 2))
 def test_the_attributes_then_dense_stand_in_starts_from_the_shipped_supervised_one(seed):
   """Its first stage is exactly the world's supervised stand-in recipe, so the shipped file is

@@ -4,6 +4,7 @@ they need (models/vit.py's token_mask)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from metonymy.models import vit
@@ -229,3 +230,38 @@ def test_the_soft_dense_target_spreads_over_the_tokens_the_teacher_finds_alike()
   grad = lambda tt: jax.grad(lambda s: ssl.dense_loss(s, plain, index, inside, 0.1, tt))(plain)
   soft, hard = (float(jnp.abs(grad(t)).max()) for t in (0.1, 0.0))
   assert soft < 1e-6 < 1e-4 < hard, (soft, hard)
+
+
+@pytest.mark.slow
+def test_the_dense_head_projects_student_and_teacher_tokens_each_with_its_own_weights():
+  """With `dense_head` the term compares the tokens' images under the projection MLP: the
+  student's through its own head (which the gradient trains), the teacher's through the teacher's
+  (its EMA copy); the other parameters' initial draws are those of the recipe without it."""
+  model, params, config = _tiny()
+  plain = ssl.Recipe(dino=0.0, ibot=1.0, koleo=0.0, dense=1.0, local_crops=0, prototypes=16,
+                     head_hidden=16, head_bottleneck=8)
+  recipe = ssl.Recipe(**dict(plain.__dict__, dense_head=8))
+  without = ssl.init_heads(plain, jax.random.PRNGKey(3), config.width, config.patch_size)
+  trainable = {"backbone": params, **ssl.init_heads(recipe, jax.random.PRNGKey(3), config.width,
+                                                    config.patch_size)}
+  assert set(trainable) - set(without) == {"backbone", "dense_head"}
+  for name in without:
+    jax.tree.map(np.testing.assert_array_equal, without[name], trainable[name])
+  teacher = ssl.teacher_part(trainable)
+  assert "dense_head" in teacher
+  images = jax.random.normal(jax.random.PRNGKey(4), (4, 16, 16, 3))
+
+  def dense(p, t):
+    _, aux = ssl.objective(model, recipe, p, t, ssl.centers(recipe), images,
+                           jax.random.PRNGKey(5), 0, 10)
+    return aux["loss/dense"]
+
+  nudged = lambda head: jax.tree.map(lambda w: w + 0.3, head)
+  base = float(dense(trainable, teacher))
+  assert float(dense(dict(trainable, dense_head=nudged(trainable["dense_head"])), teacher)) != base
+  assert float(dense(trainable, dict(teacher, dense_head=nudged(teacher["dense_head"])))) != base
+  grad = jax.grad(lambda head: dense(dict(trainable, dense_head=head), teacher))(
+      trainable["dense_head"])
+  assert float(optax.global_norm(grad)) > 0.0
+  with pytest.raises(ValueError, match="dense_head"):
+    ssl.Recipe(dense=1.0, dense_head=-1)

@@ -3,6 +3,9 @@ prototypes, whose scores a softmax turns into a distribution over the prototypes
 
   scores = normalize(mlp(x)) @ (V / ||V||_columns)          x [..., D] -> scores [..., prototypes]
 
+With `prototypes` 0 the head stops at the L2-normalised bottleneck [..., bottleneck]: a projector
+for a loss that compares tokens with one another (the dense term) rather than with prototypes.
+
 The prototypes' norm is fixed at 1 (DINO's weight normalisation with its gain frozen), so every
 score is a cosine in [-1, 1] and the temperature alone sets how sharp the distribution is.
 """
@@ -17,7 +20,8 @@ def _unit(x: jnp.ndarray, axis: int) -> jnp.ndarray:
 
 
 class ProjectionHead(nn.Module):
-  """x [..., D] -> prototype scores [..., prototypes] (cosines)."""
+  """x [..., D] -> prototype scores [..., prototypes] (cosines), or with `prototypes` 0 the unit
+  bottleneck vector [..., bottleneck]."""
   hidden: int = 128
   bottleneck: int = 64
   prototypes: int = 256
@@ -28,6 +32,8 @@ class ProjectionHead(nn.Module):
     for i in range(self.layers - 1):
       x = nn.gelu(nn.Dense(self.hidden, name=f"mlp_{i}")(x), approximate=False)
     x = _unit(nn.Dense(self.bottleneck, name=f"mlp_{self.layers - 1}")(x), axis=-1)
+    if not self.prototypes:
+      return x
     prototypes = self.param("prototypes", nn.initializers.lecun_normal(),
                             (self.bottleneck, self.prototypes))
     return x @ _unit(prototypes, axis=0)

@@ -19,6 +19,7 @@ from metonymy.models import vit
 from metonymy.probe import benchmark
 from metonymy.runs import subjobs
 from metonymy.training import pretraining
+from metonymy.training import self_supervised_options as ssl_options
 from metonymy.workdir import layout
 from metonymy.workdir import Workdir
 from metonymy.workdir import writers
@@ -81,6 +82,9 @@ def _pretraining_recipe(pre: Dict) -> Dict:
     # shipped for it keep matching.
     pre.pop("objective", None)
     pre.pop("self_supervised", None)
+  elif pre.get("self_supervised"):
+    pre["self_supervised"] = {k: v for k, v in pre["self_supervised"].items()
+                              if ssl_options.ADDED_LATER.get(k, object()) != v}
   if pre.get("start_from"):
     pre["start_from"] = _pretraining_recipe(pre["start_from"])
   return pre

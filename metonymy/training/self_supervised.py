@@ -21,8 +21,9 @@ A student ViT and an exponential-moving-average (EMA) teacher see different view
              removes a plain patch's tone;
   dense      every patch token of every student view must pick, among all the teacher's tokens
              of the other global view of the same image, the one at its own image point
-             (InfoNCE on the unit-normalised backbone tokens, `dense_temperature`; the crops'
-             boxes give the pairs). Its negatives are the same image's other tokens only, so a
+             (InfoNCE on the unit-normalised backbone tokens, or with `dense_head` on their
+             images under a projection MLP, `dense_temperature`; the crops' boxes give the
+             pairs). Its negatives are the same image's other tokens only, so a
              component every token of an image shares earns nothing and what tells one point of
              the image from another is what the tokens keep (a dense contrastive loss in the
              spirit of VADeR / PixPro, within the image);
@@ -270,7 +271,8 @@ def ema(teacher, student, momentum):
 
 def teacher_part(params: Dict) -> Dict:
   """The student parameters that the teacher follows: the backbone and the projection heads."""
-  return {k: params[k] for k in ("backbone", "dino_head", "ibot_head") if k in params}
+  return {k: params[k] for k in ("backbone", "dino_head", "ibot_head", "dense_head")
+          if k in params}
 
 
 def heads(recipe: Recipe) -> Dict[str, projection_head.ProjectionHead]:
@@ -282,14 +284,22 @@ def heads(recipe: Recipe) -> Dict[str, projection_head.ProjectionHead]:
     out["dino_head"] = make()
   if recipe.ibot > 0:
     out["ibot_head"] = make()
+  if recipe.dense > 0 and recipe.dense_head:
+    # One hidden layer, as PixPro's and VADeR's projectors; no prototypes: tokens meet tokens.
+    out["dense_head"] = projection_head.ProjectionHead(recipe.head_hidden, recipe.dense_head,
+                                                      prototypes=0, layers=2)
   return out
 
 
 def init_heads(recipe: Recipe, rng: jax.Array, width: int, patch: int) -> Dict:
   """Parameters beside the backbone: the projection heads, the mask token and the pixel decoder."""
   keys = jax.random.split(rng, 4)
-  params = {name: head.init(key, jnp.zeros((1, width)))["params"]
-            for (name, head), key in zip(heads(recipe).items(), keys[:2])}
+  made = heads(recipe)
+  params = {name: made[name].init(key, jnp.zeros((1, width)))["params"]
+            for name, key in zip([n for n in made if n != "dense_head"], keys[:2])}
+  if "dense_head" in made:  # Its own key: the other parameters' draws stay as they were.
+    params["dense_head"] = made["dense_head"].init(jax.random.fold_in(rng, 4),
+                                                   jnp.zeros((1, width)))["params"]
   if recipe.masks:
     params["mask_token"] = 0.02 * jax.random.normal(keys[2], (width,))
   if recipe.pixels > 0:
@@ -378,9 +388,17 @@ def objective(model, recipe: Recipe, params: Dict, teacher: Optional[Dict],
     aux["teacher_scores"]["ibot_head"] = teacher_scores
     aux.update({f"ibot/teacher_{k}": v for k, v in statistics_of(probs).items()})
   if recipe.dense > 0:
-    terms["dense"] = _dense_term(recipe, student["patch_tokens"], teacher_out["patch_tokens"],
-                                 seen, batch, model.config.patch_size,
-                                 None if local_out is None else local_out["patch_tokens"])
+    student_tokens, teacher_tokens = student["patch_tokens"], teacher_out["patch_tokens"]
+    local_tokens = None if local_out is None else local_out["patch_tokens"]
+    if recipe.dense_head:
+      head = projection["dense_head"]
+      project = lambda tokens: head.apply({"params": params["dense_head"]}, tokens)
+      student_tokens, teacher_tokens = (
+          project(student_tokens),
+          head.apply({"params": teacher["dense_head"]}, teacher_tokens))
+      local_tokens = None if local_tokens is None else project(local_tokens)
+    terms["dense"] = _dense_term(recipe, student_tokens, teacher_tokens, seen, batch,
+                                 model.config.patch_size, local_tokens)
   if recipe.koleo > 0:
     cls = student["prefix_tokens"][:, 0].reshape(2, batch, -1)
     terms["koleo"] = (koleo_loss(cls[0]) + koleo_loss(cls[1])) / 2.0

@@ -11,6 +11,10 @@ OBJECTIVES = ("dino", "ibot", "koleo", "pixels", "dense", "attributes")
 PIXEL_TARGETS = ("image", "patch")
 PATCH_LOSSES = ("masked", "all")
 PATCH_VIEWS = ("same", "cross")
+# Options added after stand-ins made by this recipe were shipped, with the value that reproduces
+# what came before: a stand-in's recipe leaves them out at that value (runs/stand_in.py), so the
+# shipped stand-ins keep matching the configs that asked for them.
+ADDED_LATER = {"dense_head": 0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +53,11 @@ class Recipe:
   # 0: the target is the one teacher token at the same image point; > 0: the teacher's
   # similarities to it, sharpened by this temperature (`dense_loss`).
   dense_target_temperature: float = 0.0
+  # 0: the dense term compares the backbone's own patch tokens; > 0: it compares their images
+  # under an MLP projection head of this output width (`head_hidden` wide; the teacher's is the
+  # EMA of the student's), as PixPro and VADeR do, so the head can spend what tells one point of
+  # a part from another and the last block need keep only what the head reads.
+  dense_head: int = 0
   local_crops: int = 4
   local_size: int = 32
   local_scale: Tuple[float, float] = (0.1, 0.4)
@@ -67,6 +76,8 @@ class Recipe:
       raise ValueError(f"patch_loss must be one of {PATCH_LOSSES}, got {self.patch_loss!r}")
     if self.pixel_target not in PIXEL_TARGETS:
       raise ValueError(f"pixel_target must be one of {PIXEL_TARGETS}, got {self.pixel_target!r}")
+    if self.dense_head < 0:
+      raise ValueError(f"dense_head must be 0 (no head) or a width > 0, got {self.dense_head}")
     if all(getattr(self, name) == 0 for name in OBJECTIVES):
       raise ValueError(f"every objective weight ({', '.join(OBJECTIVES)}) is 0: nothing to train")
     for name in ("global_scale", "local_scale", "mask_ratio"):
