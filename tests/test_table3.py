@@ -187,6 +187,10 @@ def test_readme_block_says_whether_the_machine_was_shared():
   results["protocol"]["stage2_feedback_scale"] = 30.0
   assert ("--config.world.seed=0 --config.stage2_feedback_scale=30 --config.readme=README.md"
           in report.readme_block(results))
+  # ... and by the setting line, which report.md opens with too.
+  assert "Stage 2's gradient into Stage 1 scaled by 30" in report._setting(results)
+  results["protocol"]["stage2_feedback_scale"] = 1.0
+  assert "scaled by" not in report._setting(results)
 
 
 def test_each_world_seed_writes_its_own_readme_block(tmp_path):

@@ -219,7 +219,8 @@ def _setting(results: Dict) -> str:
           f"cross-part correlation {results['world']['correlation']:g}; stand-in backbone "
           f"{b.get('source') or b['path']}. Each variant trained {p['epochs']} epochs of the "
           f"first {p['train_examples']} `train` images ({p['steps']} steps at batch "
-          f"{p['batch_size']}; rates at that batch: {rates}; {p['schedule']}), {priors_text}; "
+          f"{p['batch_size']}; rates at that batch: {rates}; {p['schedule']}), {priors_text}"
+          f"{_feedback_text(p)}; "
           f"run seeds {', '.join(map(str, results['seeds']))}, each the same for every variant "
           f"(same Stage-1 initialisation, data order, Gumbel noise). Scored on "
           f"{'all' if not p['eval_examples'] else 'the first ' + str(p['eval_examples'])} "
@@ -229,6 +230,15 @@ def _setting(results: Dict) -> str:
           f"backbone for single-stage, early masking of the trained Stage-2 ViT for two-stage). "
           + reporting.wall_time_text(f"{results['seconds'] / 60:.0f} min", results["seconds"],
                                         results["machine"]) + _read_back_text(results) + ".")
+
+
+def _feedback_text(protocol: Dict) -> str:
+  """Names a Stage-2 feedback into Stage 1 other than eq. 9's (the counterfactual's scale)."""
+  scale = float(protocol.get("stage2_feedback_scale", 1.0))
+  if scale == 1:
+    return ""
+  return (f", Stage 2's gradient into Stage 1 scaled by {scale:g} (a counterfactual: eq. 9 "
+          f"weighs it 1)")
 
 
 def _read_back_text(results: Dict) -> str:

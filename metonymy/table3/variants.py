@@ -23,17 +23,23 @@ ROW_KEYS = ("variant", "seed", "world_seed", "NMI", "ARI", "NMI_fg", "ARI_fg", "
             "mAP_stage1", "mAP_stage2", "mAP_ensemble", "max_part_share", "background_share")
 
 
+def feedback_scale(config) -> float:
+  """config.stage2_feedback_scale: Stage 2's feedback into Stage 1 (1, eq. 9's, where the config
+  predates the option)."""
+  return float(config.get("stage2_feedback_scale", 1.0))
+
+
 def training_config(config, variant: str) -> ml_collections.ConfigDict:
   """config.single for "single"; for a two-stage variant the same config with that variant's
   two-stage model (config_lib.two_stage), so the arms share everything else; Stage 2's
-  feedback into Stage 1 scaled by config.stage2_feedback_scale (1 where the config predates it)."""
+  feedback into Stage 1 scaled by `feedback_scale(config)`."""
   if variant == "single":
     return ml_collections.ConfigDict(config.single.to_dict())
   if variant not in TWO_STAGE:
     raise ValueError(f"config.variants: unknown variant {variant!r}; expected 'single' or one of "
                      f"{sorted(TWO_STAGE)}")
   return config_lib.two_stage(config.single, variant,
-                              feedback_scale=float(config.get("stage2_feedback_scale", 1.0)))
+                              feedback_scale=feedback_scale(config))
 
 
 def protocol(config, training) -> Dict:
@@ -57,7 +63,7 @@ def protocol(config, training) -> Dict:
           "loss_weights": dict(training.loss.weights), "eval_split": data.eval_split,
           "eval_examples": int(data.eval_examples), "image_size": int(data.image_size),
           "term_gradient_batches": int(training.trainer.get("term_gradient_batches", 0)),
-          "stage2_feedback_scale": float(config.get("stage2_feedback_scale", 1.0))}
+          "stage2_feedback_scale": feedback_scale(config)}
 
 
 def run_dir(workdir: Workdir, variant: str, seed: int) -> Workdir:
