@@ -463,8 +463,9 @@ def test_the_shipped_continued_stand_in_holds_the_parts_and_keeps_the_attributes
 
 
 def test_an_option_added_later_matches_the_shipped_stand_in_only_at_its_old_value():
-  """The shipped stand-ins predate `dense_head`: at 0 (the dense term on the backbone's tokens,
-  as they were made) they are the recipe's; with a head they are not, and the demo says so."""
+  """The shipped stand-ins predate `dense_head` and `teacher_centering`: at their old values (the
+  dense term on the backbone's tokens, DINO's running centre) they are the recipe's; with
+  another they are not, and the demo says so."""
   config = config_lib.load_sibling_config(CONFIG_FILE, "demo",
                                           "stand_in_objective=attributes_then_dense")
   assert config.backbone_pretraining.self_supervised.dense_head == 0
@@ -474,6 +475,9 @@ def test_an_option_added_later_matches_the_shipped_stand_in_only_at_its_old_valu
   assert not matches
   assert stand_in.recipe_differences(recorded["recipe"], stand_in.stand_in_recipe(
       config, config.world)) == ["pretraining.self_supervised.dense_head"]
+  config.backbone_pretraining.self_supervised.dense_head = 0
+  config.backbone_pretraining.self_supervised.teacher_centering = "sinkhorn"
+  assert not stand_in.shipped_record(config, config.world)[2]
 
 
 @pytest.mark.parametrize("seed", (0, 1, 2))

@@ -164,6 +164,13 @@ def test_the_ibot_target_is_the_teacher_s_unmasked_view():
   assert float(loss_a) != float(loss_b)
   grad = jax.grad(lambda token: run(token)[0])(trainable["mask_token"])
   assert float(jnp.linalg.norm(grad)) > 0.0
+  # `teacher_centering="sinkhorn"` gives the teacher's patch targets the batch's equal shares:
+  # the mean target's entropy is log P's, above the running centre's at its start.
+  sinkhorn = ssl.Recipe(**dict(recipe.__dict__, teacher_centering="sinkhorn"))
+  _, aux_s = ssl.objective(model, sinkhorn, trainable, teacher, ssl.centers(sinkhorn), images,
+                           jax.random.PRNGKey(5), 0, 10)
+  assert float(aux_s["ibot/teacher_mean_entropy"]) == pytest.approx(np.log(16), abs=0.05)
+  assert float(aux_s["ibot/teacher_mean_entropy"]) > float(aux_a["ibot/teacher_mean_entropy"])
 
 
 def test_recipes_refuse_unknown_options_and_empty_objectives():
@@ -265,3 +272,24 @@ def test_the_dense_head_projects_student_and_teacher_tokens_each_with_its_own_we
   assert float(optax.global_norm(grad)) > 0.0
   with pytest.raises(ValueError, match="dense_head"):
     ssl.Recipe(dense=1.0, dense_head=-1)
+
+
+def test_sinkhorn_targets_share_the_batch_equally_among_the_prototypes():
+  """Every item's target sums to 1, and every prototype gets 1 / P of the batch even when every
+  item's scores prefer the same one (where the plain softmax would give it all): a prototype
+  cannot be kept by one image's tokens or won by all."""
+  scores = 0.3 * jax.random.normal(jax.random.PRNGKey(0), (2, 48, 8))
+  scores = scores.at[..., 0].add(1.0)  # every item leans to prototype 0
+  targets = ssl.sinkhorn_distribution(scores, 0.1, iterations=10)
+  assert targets.shape == scores.shape
+  np.testing.assert_allclose(targets.sum(-1), 1.0, rtol=1e-4)
+  np.testing.assert_allclose(targets.reshape(-1, 8).mean(0), 1 / 8, rtol=1e-2)
+  softmax = jax.nn.softmax(scores / 0.1, -1).reshape(-1, 8).mean(0)
+  assert float(softmax[0]) > 0.9
+  # Items keep their preferences among what is left: a target is sharp, not the uniform one.
+  assert float(targets.max(-1).mean()) > 0.5
+  # No gradient reaches the teacher's scores.
+  grad = jax.grad(lambda s: jnp.sum(ssl.sinkhorn_distribution(s, 0.1)[..., 1]))(scores)
+  assert float(jnp.abs(grad).max()) == 0.0
+  with pytest.raises(ValueError, match="teacher_centering"):
+    ssl.Recipe(teacher_centering="median")

@@ -182,6 +182,30 @@ def teacher_distribution(teacher_scores: jnp.ndarray, center: jnp.ndarray,
   return jax.nn.softmax(jax.lax.stop_gradient(teacher_scores - center) / temperature, axis=-1)
 
 
+def sinkhorn_distribution(teacher_scores: jnp.ndarray, temperature,
+                          iterations: int = 3) -> jnp.ndarray:
+  """DINOv2's Sinkhorn-Knopp teacher targets: teacher_scores [..., P] -> distributions [..., P]
+  (no gradient), each item's summing to 1 and, as the iterations converge, every prototype
+  holding 1 / P of the items' mass: softmax(scores / temperature) with every item's and every
+  prototype's share rescaled in turn, over all the items at once. In log space, so a sharp
+  temperature cannot overflow."""
+  shape = teacher_scores.shape
+  log_q = jax.lax.stop_gradient(teacher_scores).reshape(-1, shape[-1]) / temperature
+  items, prototypes = log_q.shape
+  for _ in range(iterations):
+    log_q = log_q - jax.nn.logsumexp(log_q, axis=0, keepdims=True) - jnp.log(prototypes)
+    log_q = log_q - jax.nn.logsumexp(log_q, axis=1, keepdims=True) - jnp.log(items)
+  return jnp.exp(log_q + jnp.log(items)).reshape(shape)
+
+
+def _teacher_targets(recipe: Recipe, teacher_scores: jnp.ndarray, center: jnp.ndarray,
+                     temperature) -> jnp.ndarray:
+  """The teacher's distributions by the recipe's centring (`teacher_centering`)."""
+  if recipe.teacher_centering == "sinkhorn":
+    return sinkhorn_distribution(teacher_scores, temperature)
+  return teacher_distribution(teacher_scores, center, temperature)
+
+
 def dino_loss(student_scores: jnp.ndarray, teacher_probs: jnp.ndarray,
               temperature: float) -> jnp.ndarray:
   """student_scores [Vs, B, P] (the two global views first), teacher_probs [2, B, P]: every
@@ -311,7 +335,8 @@ def init_heads(recipe: Recipe, rng: jax.Array, width: int, patch: int) -> Dict:
 
 def centers(recipe: Recipe) -> Dict[str, jnp.ndarray]:
   """The teacher's running score means (DINO's centre), one per distillation head."""
-  return {name: jnp.zeros((recipe.prototypes,)) for name in heads(recipe)}
+  return {name: jnp.zeros((recipe.prototypes,)) for name in heads(recipe)
+          if name != "dense_head"}
 
 
 def statistics_of(probs: jnp.ndarray) -> Dict[str, jnp.ndarray]:
@@ -363,7 +388,7 @@ def objective(model, recipe: Recipe, params: Dict, teacher: Optional[Dict],
     teacher_scores = head.apply({"params": teacher["dino_head"]},
                                 teacher_out["prefix_tokens"][:, 0]).reshape(2, batch, -1)
     temperature = teacher_temperature(recipe, step, total_steps)
-    probs = teacher_distribution(teacher_scores, center["dino_head"], temperature)
+    probs = _teacher_targets(recipe, teacher_scores, center["dino_head"], temperature)
     terms["dino"] = dino_loss(student_scores, probs, recipe.student_temperature)
     aux["teacher_scores"]["dino_head"] = teacher_scores
     aux.update({f"dino/teacher_{k}": v for k, v in statistics_of(probs).items()})
@@ -372,7 +397,7 @@ def objective(model, recipe: Recipe, params: Dict, teacher: Optional[Dict],
     student_scores = head.apply({"params": params["ibot_head"]}, student["patch_tokens"])
     teacher_scores = head.apply({"params": teacher["ibot_head"]}, teacher_out["patch_tokens"])
     temperature = teacher_temperature(recipe, step, total_steps)
-    probs = teacher_distribution(teacher_scores, center["ibot_head"], temperature)
+    probs = _teacher_targets(recipe, teacher_scores, center["ibot_head"], temperature)
     if recipe.patch_views == "same":
       # Each masked view counts once whatever its number of masked patches (DINOv2's
       # weighting): a view's weights sum to 1, so the normalisation is by the views that count.

@@ -11,10 +11,11 @@ OBJECTIVES = ("dino", "ibot", "koleo", "pixels", "dense", "attributes")
 PIXEL_TARGETS = ("image", "patch")
 PATCH_LOSSES = ("masked", "all")
 PATCH_VIEWS = ("same", "cross")
+TEACHER_CENTERINGS = ("mean", "sinkhorn")
 # Options added after stand-ins made by this recipe were shipped, with the value that reproduces
 # what came before: a stand-in's recipe leaves them out at that value (runs/stand_in.py), so the
 # shipped stand-ins keep matching the configs that asked for them.
-ADDED_LATER = {"dense_head": 0}
+ADDED_LATER = {"dense_head": 0, "teacher_centering": "mean"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +59,12 @@ class Recipe:
   # EMA of the student's), as PixPro and VADeR do, so the head can spend what tells one point of
   # a part from another and the last block need keep only what the head reads.
   dense_head: int = 0
+  # How the teacher's distributions are kept from one prototype winning everything: "mean",
+  # DINO's running centre subtracted from the scores; "sinkhorn", DINOv2's Sinkhorn-Knopp over the
+  # batch (every prototype takes an equal share of the batch's items: of its images for the CLS
+  # head, of all its tokens for the patch head, so the tokens of one image cannot keep a
+  # prototype to themselves and a prototype has to be something the images share).
+  teacher_centering: str = "mean"
   local_crops: int = 4
   local_size: int = 32
   local_scale: Tuple[float, float] = (0.1, 0.4)
@@ -74,6 +81,9 @@ class Recipe:
       raise ValueError(f"patch_views must be one of {PATCH_VIEWS}, got {self.patch_views!r}")
     if self.patch_loss not in PATCH_LOSSES:
       raise ValueError(f"patch_loss must be one of {PATCH_LOSSES}, got {self.patch_loss!r}")
+    if self.teacher_centering not in TEACHER_CENTERINGS:
+      raise ValueError(f"teacher_centering must be one of {TEACHER_CENTERINGS}, got "
+                       f"{self.teacher_centering!r}")
     if self.pixel_target not in PIXEL_TARGETS:
       raise ValueError(f"pixel_target must be one of {PIXEL_TARGETS}, got {self.pixel_target!r}")
     if self.dense_head < 0:
