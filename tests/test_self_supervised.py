@@ -1,6 +1,8 @@
 """The self-supervised objectives (metonymy/training/self_supervised.py) and the masked forward
 they need (models/vit.py's token_mask)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -166,7 +168,7 @@ def test_the_ibot_target_is_the_teacher_s_unmasked_view():
   assert float(jnp.linalg.norm(grad)) > 0.0
   # `teacher_centering="sinkhorn"` gives the teacher's patch targets the batch's equal shares:
   # the mean target's entropy is log P's, above the running centre's at its start.
-  sinkhorn = ssl.Recipe(**dict(recipe.__dict__, teacher_centering="sinkhorn"))
+  sinkhorn = dataclasses.replace(recipe, teacher_centering="sinkhorn")
   _, aux_s = ssl.objective(model, sinkhorn, trainable, teacher, ssl.centers(sinkhorn), images,
                            jax.random.PRNGKey(5), 0, 10)
   assert float(aux_s["ibot/teacher_mean_entropy"]) == pytest.approx(np.log(16), abs=0.05)
@@ -247,7 +249,7 @@ def test_the_dense_head_projects_student_and_teacher_tokens_each_with_its_own_we
   model, params, config = _tiny()
   plain = ssl.Recipe(dino=0.0, ibot=1.0, koleo=0.0, dense=1.0, local_crops=0, prototypes=16,
                      head_hidden=16, head_bottleneck=8)
-  recipe = ssl.Recipe(**dict(plain.__dict__, dense_head=8))
+  recipe = dataclasses.replace(plain, dense_head=8)
   without = ssl.init_heads(plain, jax.random.PRNGKey(3), config.width, config.patch_size)
   trainable = {"backbone": params, **ssl.init_heads(recipe, jax.random.PRNGKey(3), config.width,
                                                     config.patch_size)}
