@@ -418,9 +418,8 @@ def objective(model, recipe: Recipe, params: Dict, teacher: Optional[Dict],
     if recipe.dense_head:
       head = projection["dense_head"]
       project = lambda tokens: head.apply({"params": params["dense_head"]}, tokens)
-      student_tokens, teacher_tokens = (
-          project(student_tokens),
-          head.apply({"params": teacher["dense_head"]}, teacher_tokens))
+      student_tokens = project(student_tokens)
+      teacher_tokens = head.apply({"params": teacher["dense_head"]}, teacher_tokens)
       local_tokens = None if local_tokens is None else project(local_tokens)
     terms["dense"] = _dense_term(recipe, student_tokens, teacher_tokens, seen, batch,
                                  model.config.patch_size, local_tokens)
