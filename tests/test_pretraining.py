@@ -462,22 +462,32 @@ def test_the_shipped_continued_stand_in_holds_the_parts_and_keeps_the_attributes
   assert quality["part_probe/balanced_accuracy"] > before["part_probe/balanced_accuracy"]
 
 
-def test_an_option_added_later_matches_the_shipped_stand_in_only_at_its_old_value():
-  """The shipped stand-ins predate `dense_head` and `teacher_centering`: at their old values (the
-  dense term on the backbone's tokens, DINO's running centre) they are the recipe's; with
-  another they are not, and the demo says so."""
+@pytest.mark.parametrize("option,other_value", (("dense_head", 32),
+                                                 ("teacher_centering", "sinkhorn"),
+                                                 ("dense_target_radius", 1.5)))
+def test_an_option_added_later_matches_the_shipped_stand_in_only_at_its_old_value(option,
+                                                                                  other_value):
+  """The shipped stand-ins predate the options in ADDED_LATER: at their old values (the dense
+  term on the backbone's tokens, DINO's running centre, the hard dense target) they are the
+  recipe's; with another they are not, and the demo says so."""
+  from metonymy.training import self_supervised_options
+  assert option in self_supervised_options.ADDED_LATER
   config = config_lib.load_sibling_config(CONFIG_FILE, "demo",
                                           "stand_in_objective=attributes_then_dense")
-  assert config.backbone_pretraining.self_supervised.dense_head == 0
+  options = config.backbone_pretraining.self_supervised
+  assert options[option] == self_supervised_options.ADDED_LATER[option]
   assert stand_in.shipped_record(config, config.world)[2]
-  config.backbone_pretraining.self_supervised.dense_head = 32
+  options[option] = other_value
   prefix, recorded, matches = stand_in.shipped_record(config, config.world)
   assert not matches
   assert stand_in.recipe_differences(recorded["recipe"], stand_in.stand_in_recipe(
-      config, config.world)) == ["pretraining.self_supervised.dense_head"]
-  config.backbone_pretraining.self_supervised.dense_head = 0
-  config.backbone_pretraining.self_supervised.teacher_centering = "sinkhorn"
-  assert not stand_in.shipped_record(config, config.world)[2]
+      config, config.world)) == [f"pretraining.self_supervised.{option}"]
+
+
+def test_every_option_added_later_is_tested_against_the_shipped_stand_ins():
+  from metonymy.training import self_supervised_options
+  tested = {"dense_head", "teacher_centering", "dense_target_radius"}
+  assert set(self_supervised_options.ADDED_LATER) == tested
 
 
 @pytest.mark.parametrize("seed", (0, 1, 2))

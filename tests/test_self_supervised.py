@@ -241,6 +241,36 @@ def test_the_soft_dense_target_spreads_over_the_tokens_the_teacher_finds_alike()
   assert soft < 1e-6 < 1e-4 < hard, (soft, hard)
 
 
+def test_the_geometric_dense_target_weighs_the_teachers_tokens_by_their_grid_distance():
+  grid, radius = 4, 1.5
+  teacher = _distinct_tokens(1, grid * grid, 8, 5)
+  student = _distinct_tokens(1, grid * grid, 8, 6)
+  index = jnp.asarray(np.random.default_rng(0).permutation(grid * grid))[None]
+  inside = jnp.ones((1, grid * grid))
+  got = ssl.dense_loss(student, teacher, index, inside, 0.1, target_radius=radius)
+  # By hand: the target around each student token is centred on the teacher token at its image
+  # point (index), not on the student token's own place.
+  unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
+  logits = unit(np.asarray(student[0])) @ unit(np.asarray(teacher[0])).T / 0.1
+  log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  cells = np.stack(np.divmod(np.arange(grid * grid), grid), -1)
+  d2 = ((cells[np.asarray(index[0])][:, None] - cells[None]) ** 2).sum(-1)
+  target = np.exp(-d2 / (2 * radius ** 2))
+  target /= target.sum(-1, keepdims=True)
+  np.testing.assert_allclose(got, -(target * log_probs).sum(-1).mean(), rtol=1e-5)
+  # Narrow enough, it is the hard target.
+  np.testing.assert_allclose(ssl.dense_loss(student, teacher, index, inside, 0.1,
+                                            target_radius=0.05),
+                             ssl.dense_loss(student, teacher, index, inside, 0.1), rtol=1e-5)
+  # A fixed target: tokens that are all alike (a collapsed teacher and student) do not meet it.
+  alike = jnp.ones_like(teacher)
+  collapsed = ssl.dense_loss(alike, alike, index, inside, 0.1, target_radius=radius)
+  np.testing.assert_allclose(collapsed, np.log(grid * grid), rtol=1e-5)
+  assert float(got) != pytest.approx(float(collapsed))
+  with pytest.raises(ValueError, match="one soft target at a time"):
+    ssl.Recipe(dense=1.0, dense_target_radius=1.0, dense_target_temperature=0.1)
+
+
 @pytest.mark.slow
 def test_the_dense_head_projects_student_and_teacher_tokens_each_with_its_own_weights():
   """With `dense_head` the term compares the tokens' images under the projection MLP: the

@@ -233,6 +233,14 @@ MUTANTS: Sequence[Mutant] = (
            ("tests/test_self_supervised.py::"
             "test_the_dense_loss_rewards_picking_the_token_at_the_same_image_point",),
            "the dense term's gradient reaches the teacher's tokens"),
+    Mutant("geometric_target_centred_on_the_students_place",
+           "metonymy/training/self_supervised.py",
+           (("    offsets = cell[index][..., None, :] - cell",
+             "    offsets = cell[:index.shape[1]][None, :, None, :] - cell"),),
+           ("tests/test_self_supervised.py::"
+            "test_the_geometric_dense_target_weighs_the_teachers_tokens_by_their_grid_distance",),
+           "the geometric target is centred on the student token's place in its own view, not on "
+           "the teacher token at its image point"),
     Mutant("dense_pairs_ignore_the_crops", "metonymy/training/self_supervised.py",
            (("""        index, inside = corresponding_tokens(boxes[v], student_grid, seen["global_boxes"][t],
                                              grid)""", """        index, inside = corresponding_tokens(boxes[v], student_grid, boxes[v],

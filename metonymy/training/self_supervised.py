@@ -248,7 +248,7 @@ def pixel_loss(predicted: jnp.ndarray, images: jnp.ndarray, token_mask: jnp.ndar
 
 def dense_loss(student_tokens: jnp.ndarray, teacher_tokens: jnp.ndarray, index: jnp.ndarray,
                inside: jnp.ndarray, temperature: float,
-               target_temperature: float = 0.0) -> jnp.ndarray:
+               target_temperature: float = 0.0, target_radius: float = 0.0) -> jnp.ndarray:
   """Within-image InfoNCE. student_tokens [B, n, D], teacher_tokens [B, N, D] (no gradient),
   index int [B, n]: the teacher token at each student token's image point, inside bool [B, n]:
   that point is in the teacher's view. Mean cross-entropy over the inside tokens of
@@ -256,11 +256,19 @@ def dense_loss(student_tokens: jnp.ndarray, teacher_tokens: jnp.ndarray, index: 
   weighted equally. The target: j = index_i (`target_temperature` 0), or the teacher's own
   view of its token there, softmax_j(cos(teacher_index_i, teacher_j) / target_temperature),
   which spreads the target over the tokens the teacher finds alike (a plain region's tokens
-  need not then be told apart)."""
+  need not then be told apart); or, with `target_radius` > 0, the teacher's tokens weighted by
+  exp(-d^2 / 2 r^2), d their distance from token index_i on the teacher's (square) grid in
+  patches: a fixed target, so it cannot be met by tokens that are all alike."""
   keys = _unit(jax.lax.stop_gradient(teacher_tokens))
   logits = jnp.einsum("bnd,bmd->bnm", _unit(student_tokens), keys) / temperature
   log_probs = jax.nn.log_softmax(logits, axis=-1)
-  if target_temperature > 0:
+  if target_radius > 0:
+    grid = math.isqrt(keys.shape[1])
+    cell = jnp.stack(jnp.divmod(jnp.arange(keys.shape[1]), grid), -1).astype(keys.dtype)
+    offsets = cell[index][..., None, :] - cell                           # [B, n, N, 2]
+    target = jax.nn.softmax(-jnp.sum(offsets ** 2, -1) / (2 * target_radius ** 2), -1)
+    picked = jnp.sum(target * log_probs, -1)
+  elif target_temperature > 0:
     anchors = jnp.take_along_axis(keys, index[..., None], axis=1)
     target = jax.nn.softmax(jnp.einsum("bnd,bmd->bnm", anchors, keys) / target_temperature, -1)
     picked = jnp.sum(target * log_probs, -1)
@@ -485,7 +493,8 @@ def _dense_term(recipe: Recipe, global_tokens: jnp.ndarray, teacher_tokens: jnp.
   """`dense_loss` of every student view (global [2B, N, D], local [L B, n, D] or None) against
   the teacher's tokens [2B, N, D] of each other global view, averaged over the view pairs."""
   term = lambda tokens, teacher, index, inside: dense_loss(
-      tokens, teacher, index, inside, recipe.dense_temperature, recipe.dense_target_temperature)
+      tokens, teacher, index, inside, recipe.dense_temperature, recipe.dense_target_temperature,
+      recipe.dense_target_radius)
   return _cross_view_pairs(recipe, global_tokens, teacher_tokens, seen, batch, patch,
                            local_tokens, term)
 

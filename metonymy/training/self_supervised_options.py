@@ -15,7 +15,7 @@ TEACHER_CENTERINGS = ("mean", "sinkhorn")
 # Options added after stand-ins made by this recipe were shipped, with the value that reproduces
 # what came before: a stand-in's recipe leaves them out at that value (runs/stand_in.py), so the
 # shipped stand-ins keep matching the configs that asked for them.
-ADDED_LATER = {"dense_head": 0, "teacher_centering": "mean"}
+ADDED_LATER = {"dense_head": 0, "teacher_centering": "mean", "dense_target_radius": 0.0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +54,11 @@ class Recipe:
   # 0: the target is the one teacher token at the same image point; > 0: the teacher's
   # similarities to it, sharpened by this temperature (`dense_loss`).
   dense_target_temperature: float = 0.0
+  # 0: the hard target above; > 0: the target spread over the teacher's tokens by their distance
+  # from that token, a Gaussian of this standard deviation (in teacher patches), so the tokens of
+  # a small neighbourhood need not be told apart and, unlike the teacher-similarity target, no
+  # state of the teacher meets it (`dense_loss`).
+  dense_target_radius: float = 0.0
   # 0: the dense term compares the backbone's own patch tokens; > 0: it compares their images
   # under an MLP projection head of this output width (`head_hidden` wide; the teacher's is the
   # EMA of the student's), as PixPro and VADeR do, so the head can spend what tells one point of
@@ -86,6 +91,11 @@ class Recipe:
                        f"{self.teacher_centering!r}")
     if self.pixel_target not in PIXEL_TARGETS:
       raise ValueError(f"pixel_target must be one of {PIXEL_TARGETS}, got {self.pixel_target!r}")
+    if self.dense_target_radius < 0 or (self.dense_target_radius > 0
+                                        and self.dense_target_temperature > 0):
+      raise ValueError("dense_target_radius must be 0 or > 0 with dense_target_temperature 0 (one "
+                       f"soft target at a time), got {self.dense_target_radius} and "
+                       f"{self.dense_target_temperature}")
     if self.dense_head < 0:
       raise ValueError(f"dense_head must be 0 (no head) or a width > 0, got {self.dense_head}")
     if all(getattr(self, name) == 0 for name in OBJECTIVES):
