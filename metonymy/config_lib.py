@@ -246,7 +246,7 @@ def backbone_pretraining(steps: int = 0, *, batch_size: int = 32, learning_rate:
                          weight_decay: float = 0.05, images: int = 4000,
                          loss: str = "group_softmax", augment: str = "flip",
                          evaluate_every: int = 0, checkpoint_every: int = 250,
-                         objective: str = "attributes",
+                         objective: str = "attributes", stage_seed: int = -1,
                          self_supervised: Optional[Dict] = None) -> ml_collections.ConfigDict:
   """Pretraining of a random-init backbone on the first `images` training examples
   (training/pretraining.py). `objective` "attributes": supervised, a CLS head and an attention
@@ -259,13 +259,16 @@ def backbone_pretraining(steps: int = 0, *, batch_size: int = 32, learning_rate:
   `val` every that many steps of its main stage (record key `quality_curve`); not part of the
   recipe, since it does not change the weights. `checkpoint_every`: the stand-in job (demo mode
   "stand_in") saves its state in DIR/pretraining_state that often and resumes from it when rerun;
-  not part of the recipe either."""
+  not part of the recipe either. `stage_seed` >= 0: this stage's own seed (its data order, views
+  and fresh heads), so a stage that continues a shipped stand-in (`start_from`) can be rerun
+  under several run seeds from one start; -1: the stand-in's seed (config.stand_in_seed), which
+  also picks its init, as every stand-in shipped so far was made."""
   return ml_collections.ConfigDict({"steps": steps, "batch_size": batch_size,
                                     "learning_rate": learning_rate, "weight_decay": weight_decay,
                                     "images": images, "loss": loss, "augment": augment,
                                     "evaluate_every": evaluate_every,
                                     "checkpoint_every": checkpoint_every,
-                                    "objective": objective,
+                                    "objective": objective, "stage_seed": stage_seed,
                                     "self_supervised": self_supervised_options.as_config(
                                         self_supervised) if objective == "self_supervised"
                                     else {}})

@@ -484,6 +484,35 @@ def test_an_option_added_later_matches_the_shipped_stand_in_only_at_its_old_valu
       config, config.world)) == [f"pretraining.self_supervised.{option}"]
 
 
+def test_a_stage_seed_reseeds_the_continued_stage_only_and_is_part_of_its_recipe(monkeypatch):
+  """`stage_seed` reruns the dense stage under another run seed from the same shipped start: the
+  stage's pretraining gets it, the start is still the shipped file (its recipe unchanged), and
+  the recipe names it; at -1 the shipped stand-in still matches."""
+  config = config_lib.load_sibling_config(CONFIG_FILE, "demo",
+                                          "stand_in_objective=attributes_then_dense")
+  assert config.backbone_pretraining.stage_seed == -1
+  assert stand_in.shipped_record(config, config.world)[2]
+  config.backbone_pretraining.stage_seed = 2
+  _, recorded, matches = stand_in.shipped_record(config, config.world)
+  assert not matches
+  assert stand_in.recipe_differences(recorded["recipe"], stand_in.stand_in_recipe(
+      config, config.world)) == ["pretraining.stage_seed"]
+  assert stand_in.shipped_record(stand_in.start_config(config), config.world)[2]
+  seeds = []
+
+  class Stop(Exception):
+    pass
+
+  def pretrain_stub(model, params, source, transforms, pre, seed, **kwargs):
+    seeds.append(seed)
+    raise Stop
+  monkeypatch.setattr(stand_in, "pretrain", pretrain_stub)
+  monkeypatch.setattr(stand_in, "_training_images", lambda *args: ([], None))
+  with pytest.raises(Stop):
+    stand_in.pretrain_stand_in(config, config.world)
+  assert seeds == [2]
+
+
 def test_every_option_added_later_is_tested_against_the_shipped_stand_ins():
   from metonymy.training import self_supervised_options
   tested = {"dense_head", "teacher_centering", "dense_target_radius"}

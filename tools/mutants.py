@@ -241,6 +241,12 @@ MUTANTS: Sequence[Mutant] = (
             "test_the_geometric_dense_target_weighs_the_teachers_tokens_by_their_grid_distance",),
            "the geometric target is centred on the student token's place in its own view, not on "
            "the teacher token at its image point"),
+    Mutant("stage_seed_ignored", "metonymy/runs/stand_in.py",
+           (("  trained = pretrain(model, params, source, transforms, pre, _stage_seed(config, pre),",
+             "  trained = pretrain(model, params, source, transforms, pre, _seed(config),"),),
+           ("tests/test_pretraining.py::"
+            "test_a_stage_seed_reseeds_the_continued_stage_only_and_is_part_of_its_recipe",),
+           "a continued stage's own seed (stage_seed) is recorded but not used"),
     Mutant("dense_pairs_ignore_the_crops", "metonymy/training/self_supervised.py",
            (("""        index, inside = corresponding_tokens(boxes[v], student_grid, seen["global_boxes"][t],
                                              grid)""", """        index, inside = corresponding_tokens(boxes[v], student_grid, boxes[v],

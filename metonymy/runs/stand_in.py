@@ -62,6 +62,13 @@ def _seed(config) -> int:
   return int(config.get("stand_in_seed", 0))
 
 
+def _stage_seed(config, pre) -> int:
+  """The seed of one pretraining stage (`pre`, a backbone_pretraining block): its own
+  `stage_seed` when set (>= 0), else the stand-in's."""
+  stage_seed = int(pre.get("stage_seed", -1))
+  return stage_seed if stage_seed >= 0 else _seed(config)
+
+
 def stand_in_recipe(config, world) -> Dict:
   """Everything the stand-in is a function of: architecture, init seed, pretraining options and
   the world its training images come from (the val/test sizes do not matter)."""
@@ -77,6 +84,8 @@ def _pretraining_recipe(pre: Dict) -> Dict:
   """A backbone_pretraining block without the keys that do not change the weights, the stage it
   starts from (`start_from`) included."""
   pre = {k: v for k, v in pre.items() if k not in RECIPE_FREE_KEYS}
+  if pre.get("stage_seed", -1) == -1:
+    pre.pop("stage_seed", None)  # The stand-in's own seed, as the shipped stand-ins were made.
   if pre.get("objective", "attributes") == "attributes":
     # The supervised recipe as it was before the self-supervised one existed: the stand-ins
     # shipped for it keep matching.
@@ -156,7 +165,7 @@ def pretrain_stand_in(config, world, state_dir: str = "", writer=None):
                     f"{pre.warmup_world.to_dict()}")
     warm_pre = ml_collections.ConfigDict(pre.to_dict())
     warm_pre.steps = warmup_steps
-    warm = pretrain(model, params, warm_source, transforms, warm_pre, _seed(config),
+    warm = pretrain(model, params, warm_source, transforms, warm_pre, _stage_seed(config, pre),
                     state_dir=stage_dir("warmup"), **options)
     params, heads = warm.params, warm.heads
     record["warmup_loss_history"] = warm.loss_history
@@ -177,8 +186,9 @@ def pretrain_stand_in(config, world, state_dir: str = "", writer=None):
                   f"{vit_config.width}, depth {vit_config.depth}) at {vit_config.image_size} px "
                   f"for {int(pre.steps)} steps on {min(int(pre.images), len(source))} training "
                   "images")
-  trained = pretrain(model, params, source, transforms, pre, _seed(config), heads=heads,
-                     evaluate=evaluate, evaluate_every=int(pre.get("evaluate_every", 0)),
+  trained = pretrain(model, params, source, transforms, pre, _stage_seed(config, pre),
+                     heads=heads, evaluate=evaluate,
+                     evaluate_every=int(pre.get("evaluate_every", 0)),
                      state_dir=stage_dir("main"), writer=writer, **options)
   if trained.evaluations:
     record["quality_curve"] = [[int(step), quality] for step, quality in trained.evaluations]
