@@ -161,6 +161,28 @@ TINY_SELF_SUPERVISED = dict(objective="self_supervised", self_supervised_options
 
 
 @pytest.mark.slow
+def test_the_attribute_term_trains_through_the_cls_head_alone_when_asked():
+  """`attribute_heads="cls"`: the part read-out (which pools the patch tokens) gets no gradient
+  and, without weight decay, stays as it was; the CLS head learns in both settings."""
+  model, params, source, standard = _tiny_pretraining()
+  heads = pretrain.init_heads(jax.random.PRNGKey(3), model.config.width,
+                              tuple(source.info.attribute_part))
+  heads["parts"]["w"] = 0.1 * jax.random.normal(jax.random.PRNGKey(4), heads["parts"]["w"].shape)
+
+  def trained_heads(which):
+    return pretrain.pretrain(
+        model, params, source, standard, steps=3, batch_size=4, images=8, weight_decay=0.0,
+        progress=False, heads=heads, objective="self_supervised", self_supervised_options=dict(
+            dino=0.0, ibot=0.0, koleo=0.0, attributes=1.0, attribute_heads=which)).heads
+  changed = lambda a, b: not all(np.array_equal(x, y) for x, y in zip(
+      jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+  cls_only, both = trained_heads("cls"), trained_heads("cls_and_parts")
+  assert changed(cls_only["cls"], heads["cls"]) and changed(both["cls"], heads["cls"])
+  assert not changed(cls_only["parts"], heads["parts"])
+  assert changed(both["parts"], heads["parts"])
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["attributes", "self_supervised"])
 def test_a_killed_pretraining_resumes_bit_for_bit(tmp_path, objective):
   model, params, source, standard = _tiny_pretraining()
@@ -464,7 +486,8 @@ def test_the_shipped_continued_stand_in_holds_the_parts_and_keeps_the_attributes
 
 @pytest.mark.parametrize("option,other_value", (("dense_head", 32),
                                                  ("teacher_centering", "sinkhorn"),
-                                                 ("dense_target_radius", 1.5)))
+                                                 ("dense_target_radius", 1.5),
+                                                 ("attribute_heads", "cls")))
 def test_an_option_added_later_matches_the_shipped_stand_in_only_at_its_old_value(option,
                                                                                   other_value):
   """The shipped stand-ins predate the options in ADDED_LATER: at their old values (the dense
@@ -515,7 +538,7 @@ def test_a_stage_seed_reseeds_the_continued_stage_only_and_is_part_of_its_recipe
 
 def test_every_option_added_later_is_tested_against_the_shipped_stand_ins():
   from metonymy.training import self_supervised_options
-  tested = {"dense_head", "teacher_centering", "dense_target_radius"}
+  tested = {"dense_head", "teacher_centering", "dense_target_radius", "attribute_heads"}
   assert set(self_supervised_options.ADDED_LATER) == tested
 
 

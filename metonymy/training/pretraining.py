@@ -207,9 +207,12 @@ def pretrain(model, params, source, transforms, *, steps: int, batch_size: int =
                                                 max(steps, 2))
   adamw = optax.adamw(schedule, weight_decay=weight_decay, mask=optimizer_lib.decay_mask)
 
+  trained_heads = HEADS if recipe is None or recipe.attribute_heads == "cls_and_parts" else ("cls",)
+
   def attributes_loss(head, out, yb, vb):
     logits = head_logits(out, head, attribute_part)
-    return sum(attribute_loss(logits[h], yb, vb, groups) for h in HEADS) / len(HEADS)
+    return (sum(attribute_loss(logits[h], yb, vb, groups) for h in trained_heads)
+            / len(trained_heads))
 
   if recipe is None:
     tx = adamw

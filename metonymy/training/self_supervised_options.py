@@ -12,10 +12,12 @@ PIXEL_TARGETS = ("image", "patch")
 PATCH_LOSSES = ("masked", "all")
 PATCH_VIEWS = ("same", "cross")
 TEACHER_CENTERINGS = ("mean", "sinkhorn")
+ATTRIBUTE_HEADS = ("cls_and_parts", "cls")
 # Options added after stand-ins made by this recipe were shipped, with the value that reproduces
 # what came before: a stand-in's recipe leaves them out at that value (runs/stand_in.py), so the
 # shipped stand-ins keep matching the configs that asked for them.
-ADDED_LATER = {"dense_head": 0, "teacher_centering": "mean", "dense_target_radius": 0.0}
+ADDED_LATER = {"dense_head": 0, "teacher_centering": "mean", "dense_target_radius": 0.0,
+               "attribute_heads": "cls_and_parts"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +72,11 @@ class Recipe:
   # head, of all its tokens for the patch head, so the tokens of one image cannot keep a
   # prototype to themselves and a prototype has to be something the images share).
   teacher_centering: str = "mean"
+  # Which of the supervised stand-in's attribute read-outs (training/pretraining.py `HEADS`) the
+  # attribute term trains through: both, or the CLS head alone. The part read-out pools the last
+  # block's patch tokens, so its gradient pulls them towards the image's attributes; the CLS
+  # head's reaches the patch tokens only through the blocks below the last.
+  attribute_heads: str = "cls_and_parts"
   local_crops: int = 4
   local_size: int = 32
   local_scale: Tuple[float, float] = (0.1, 0.4)
@@ -89,6 +96,9 @@ class Recipe:
     if self.teacher_centering not in TEACHER_CENTERINGS:
       raise ValueError(f"teacher_centering must be one of {TEACHER_CENTERINGS}, got "
                        f"{self.teacher_centering!r}")
+    if self.attribute_heads not in ATTRIBUTE_HEADS:
+      raise ValueError(f"attribute_heads must be one of {ATTRIBUTE_HEADS}, got "
+                       f"{self.attribute_heads!r}")
     if self.pixel_target not in PIXEL_TARGETS:
       raise ValueError(f"pixel_target must be one of {PIXEL_TARGETS}, got {self.pixel_target!r}")
     if self.dense_target_radius < 0 or (self.dense_target_radius > 0
