@@ -247,6 +247,12 @@ MUTANTS: Sequence[Mutant] = (
            ("tests/test_pretraining.py::"
             "test_a_stage_seed_reseeds_the_continued_stage_only_and_is_part_of_its_recipe",),
            "a continued stage's own seed (stage_seed) is recorded but not used"),
+    Mutant("attribute_heads_ignored", "metonymy/training/pretraining.py",
+           (("""  trained_heads = HEADS if recipe is None or recipe.attribute_heads == "cls_and_parts" else ("cls",)""",
+             "  trained_heads = HEADS"),),
+           ("tests/test_pretraining.py::"
+            "test_the_attribute_term_trains_through_the_cls_head_alone_when_asked",),
+           "attribute_heads=cls still trains the part read-out", slow=True),
     Mutant("dense_pairs_ignore_the_crops", "metonymy/training/self_supervised.py",
            (("""        index, inside = corresponding_tokens(boxes[v], student_grid, seen["global_boxes"][t],
                                              grid)""", """        index, inside = corresponding_tokens(boxes[v], student_grid, boxes[v],
