@@ -272,6 +272,27 @@ def test_the_geometric_dense_target_weighs_the_teachers_tokens_by_their_grid_dis
 
 
 @pytest.mark.slow
+def test_an_attribute_term_read_from_an_earlier_block_sends_the_blocks_above_no_gradient():
+  """`attribute_block` k: the attribute read-outs see block k's tokens through the final norm,
+  so the last block gets no gradient from them; at 0 (the last block) it does."""
+  model, params, config = _tiny()
+  images = jax.random.normal(jax.random.PRNGKey(1), (2, 16, 16, 3))
+  read = lambda out: jnp.sum(out["prefix_tokens"][:, 0] ** 2) + jnp.sum(out["patch_tokens"])
+
+  def last_block_gradient(block):
+    recipe = ssl.Recipe(dino=0.0, ibot=0.0, koleo=0.0, attributes=1.0, attribute_block=block,
+                        local_crops=0)
+    grads = jax.grad(lambda p: ssl.objective(model, recipe, {"backbone": p}, None, {}, images,
+                                             jax.random.PRNGKey(2), 0, 10, read)[0])(params)
+    last = f"blocks_{config.depth - 1}"
+    return max(float(jnp.abs(g).max()) for g in jax.tree_util.tree_leaves(grads[last]))
+  assert last_block_gradient(0) > 0
+  assert last_block_gradient(config.depth - 1) == 0.0
+  with pytest.raises(ValueError, match="below the backbone's depth"):
+    last_block_gradient(config.depth)
+
+
+@pytest.mark.slow
 def test_the_dense_head_projects_student_and_teacher_tokens_each_with_its_own_weights():
   """With `dense_head` the term compares the tokens' images under the projection MLP: the
   student's through its own head (which the gradient trains), the teacher's through the teacher's

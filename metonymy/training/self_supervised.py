@@ -440,10 +440,30 @@ def objective(model, recipe: Recipe, params: Dict, teacher: Optional[Dict],
     terms["pixels"] = pixel_loss(predicted, global_flat, token_mask, model.config.patch_size,
                                  recipe.pixel_target)
   if recipe.attributes > 0:
-    terms["attributes"] = attribute_loss_fn(backbone(params["backbone"], images))
+    terms["attributes"] = attribute_loss_fn(_attribute_output(model, recipe, params["backbone"],
+                                                              images))
   loss = sum(getattr(recipe, name) * value for name, value in terms.items())
   aux.update({f"loss/{name}": value for name, value in terms.items()})
   return loss, aux
+
+
+def _attribute_output(model, recipe: Recipe, backbone_params: Dict,
+                      images: jnp.ndarray) -> Dict[str, jnp.ndarray]:
+  """What the attribute read-outs see of the whole image: the backbone's output, or with
+  `attribute_block` k > 0 block k's tokens through the final norm (`prefix_tokens` [B, P, D],
+  `patch_tokens` [B, N, D])."""
+  if not recipe.attribute_block:
+    return model.apply({"params": backbone_params}, images)
+  depth = model.config.depth
+  if recipe.attribute_block >= depth:
+    raise ValueError(f"attribute_block={recipe.attribute_block} must be below the backbone's "
+                     f"depth {depth} (0 is the last block)")
+  out = model.apply({"params": backbone_params}, images, return_intermediates=True)
+  block_tokens = out["intermediates"][recipe.attribute_block - 1]
+  tokens = model.apply({"params": backbone_params}, block_tokens,
+                       method=lambda module, x: module.norm(x))
+  prefix = model.config.num_prefix
+  return {"prefix_tokens": tokens[:, :prefix], "patch_tokens": tokens[:, prefix:]}
 
 
 def _cross_view_pairs(recipe: Recipe, global_student: jnp.ndarray, teacher: jnp.ndarray,

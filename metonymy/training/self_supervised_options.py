@@ -17,7 +17,7 @@ ATTRIBUTE_HEADS = ("cls_and_parts", "cls")
 # what came before: a stand-in's recipe leaves them out at that value (runs/stand_in.py), so the
 # shipped stand-ins keep matching the configs that asked for them.
 ADDED_LATER = {"dense_head": 0, "teacher_centering": "mean", "dense_target_radius": 0.0,
-               "attribute_heads": "cls_and_parts"}
+               "attribute_heads": "cls_and_parts", "attribute_block": 0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +77,11 @@ class Recipe:
   # block's patch tokens, so its gradient pulls them towards the image's attributes; the CLS
   # head's reaches the patch tokens only through the blocks below the last.
   attribute_heads: str = "cls_and_parts"
+  # Which block's output the attribute read-outs see: 0, the last block's (as the supervised
+  # stand-in was trained); k >= 1, block k's through the same final norm, so the attribute term
+  # sends the blocks above k no gradient and leaves them to the other terms (the dense one); the
+  # CLS token's attributes reach the last block through the residual stream.
+  attribute_block: int = 0
   local_crops: int = 4
   local_size: int = 32
   local_scale: Tuple[float, float] = (0.1, 0.4)
@@ -99,6 +104,9 @@ class Recipe:
     if self.attribute_heads not in ATTRIBUTE_HEADS:
       raise ValueError(f"attribute_heads must be one of {ATTRIBUTE_HEADS}, got "
                        f"{self.attribute_heads!r}")
+    if self.attribute_block < 0:
+      raise ValueError(f"attribute_block must be 0 (the last) or a block >= 1, got "
+                       f"{self.attribute_block}")
     if self.pixel_target not in PIXEL_TARGETS:
       raise ValueError(f"pixel_target must be one of {PIXEL_TARGETS}, got {self.pixel_target!r}")
     if self.dense_target_radius < 0 or (self.dense_target_radius > 0
