@@ -15,6 +15,7 @@ from metonymy import loading
 from metonymy.converters.io import CheckpointError
 from metonymy.models import vit
 from metonymy.training import pretraining as pretrain
+from metonymy.training import self_supervised_options
 from metonymy.runs import stand_in
 
 CONFIG_FILE = os.path.join(os.path.dirname(__file__), "..", "configs", "demo.py")
@@ -494,9 +495,9 @@ ADDED_LATER_OTHER_VALUES = {"dense_head": 32, "teacher_centering": "sinkhorn",
 def test_an_option_added_later_matches_the_shipped_stand_in_only_at_its_old_value(option,
                                                                                   other_value):
   """The shipped stand-ins predate the options in ADDED_LATER: at their old values (the dense
-  term on the backbone's tokens, DINO's running centre, the hard dense target) they are the
-  recipe's; with another they are not, and the demo says so."""
-  from metonymy.training import self_supervised_options
+  term on the backbone's tokens, DINO's running centre, the hard dense target, the attribute term
+  through both read-outs on the last block) they are the recipe's; with another they are not,
+  and the demo says so."""
   assert option in self_supervised_options.ADDED_LATER
   config = config_lib.load_sibling_config(CONFIG_FILE, "demo",
                                           "stand_in_objective=attributes_then_dense")
@@ -540,7 +541,6 @@ def test_a_stage_seed_reseeds_the_continued_stage_only_and_is_part_of_its_recipe
 
 
 def test_every_option_added_later_is_tested_against_the_shipped_stand_ins():
-  from metonymy.training import self_supervised_options
   assert set(self_supervised_options.ADDED_LATER) == set(ADDED_LATER_OTHER_VALUES)
 
 
