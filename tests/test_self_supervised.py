@@ -271,6 +271,62 @@ def test_the_geometric_dense_target_weighs_the_teachers_tokens_by_their_grid_dis
     ssl.Recipe(dense=1.0, dense_target_radius=1.0, dense_target_temperature=0.1)
 
 
+def test_the_correspondence_loss_targets_the_teacher_s_similarities_to_another_image():
+  """By hand: a student token's softmax over the other image's teacher tokens against the
+  teacher's own from its token at the same point; at equal temperatures a student that sees what
+  the teacher sees is at its optimum; no gradient reaches either teacher input."""
+  teacher = _distinct_tokens(1, 6, 8, 7)
+  other = _distinct_tokens(1, 5, 8, 8)
+  student = _distinct_tokens(1, 6, 8, 9)
+  index = jnp.asarray([[3, 0, 5, 1, 4, 2]])
+  inside = jnp.ones((1, 6)).at[0, 5].set(0)
+  got = ssl.correspondence_loss(student, teacher, other, index, inside, 0.1, 0.05)
+  unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
+  log_softmax = lambda z: z - np.log(np.exp(z).sum(-1, keepdims=True))
+  others = unit(np.asarray(other[0]))
+  target = np.exp(log_softmax(unit(np.asarray(teacher[0]))[np.asarray(index[0])] @ others.T
+                              / 0.05))
+  log_probs = log_softmax(unit(np.asarray(student[0])) @ others.T / 0.1)
+  np.testing.assert_allclose(got, -(target * log_probs).sum(-1)[:5].mean(), rtol=1e-5)
+  anchored = jnp.take_along_axis(teacher, index[..., None], axis=1)
+  grad = jax.grad(lambda s: ssl.correspondence_loss(s, teacher, other, index, inside, 0.1, 0.1))
+  assert float(jnp.abs(grad(anchored)).max()) < 1e-6 < float(jnp.abs(grad(student)).max())
+  for position in (1, 2):
+    grad = jax.grad(lambda t: ssl.correspondence_loss(
+        *[t if i == position else a for i, a in enumerate((student, teacher, other))],
+        index, inside, 0.1, 0.05), argnums=0)
+    assert float(jnp.abs(grad((student, teacher, other)[position])).max()) == 0.0
+  with pytest.raises(ValueError, match="correspondence_temperature"):
+    ssl.Recipe(correspondence=1.0, correspondence_temperature=0.0)
+
+
+@pytest.mark.slow
+def test_the_correspondence_term_compares_each_image_with_another_one_of_the_batch():
+  """Image 0's term reads the teacher's tokens of another image (b - 1: the last one): its
+  gradient moves when that image's teacher tokens do, and not with a third image's. Compared
+  with its own image's tokens the term would be a second within-image term."""
+  batch, grid, width = 3, 3, 8
+  recipe = ssl.Recipe(dino=0.0, ibot=0.0, koleo=0.0, correspondence=1.0, local_crops=0)
+  seen = {"global": jnp.zeros((2, batch, grid * 4, grid * 4, 3)),
+          "global_boxes": jnp.tile(jnp.asarray([0.0, 0.0, 1.0, 1.0, 0.0]), (2, batch, 1))}
+  student = _distinct_tokens(2 * batch, grid * grid, width, 10)
+  teacher = _distinct_tokens(2 * batch, grid * grid, width, 11)
+
+  def image_0_gradient(teacher):
+    grad = jax.grad(lambda s: ssl._correspondence_term(recipe, s, teacher, seen, batch, 4,
+                                                       None))(student)
+    return np.asarray(grad.reshape(2, batch, grid * grid, width)[:, 0])
+
+  base = image_0_gradient(teacher)
+  moved = lambda image: teacher.reshape(2, batch, grid * grid, width).at[:, image].add(
+      _distinct_tokens(2, grid * grid, width, 12)).reshape(teacher.shape)
+  assert np.abs(image_0_gradient(moved(batch - 1)) - base).max() > 1e-4
+  np.testing.assert_array_equal(image_0_gradient(moved(1)), base)
+  with pytest.raises(ValueError, match="2 or more images"):
+    ssl._correspondence_term(recipe, student[:2], teacher[:2], {
+        "global": seen["global"][:, :1], "global_boxes": seen["global_boxes"][:, :1]}, 1, 4, None)
+
+
 @pytest.mark.slow
 def test_an_attribute_term_read_from_an_earlier_block_sends_the_blocks_above_no_gradient():
   """`attribute_block` k: the attribute read-outs see block k's tokens through the final norm,

@@ -27,6 +27,14 @@ A student ViT and an exponential-moving-average (EMA) teacher see different view
              component every token of an image shares earns nothing and what tells one point of
              the image from another is what the tokens keep (a dense contrastive loss in the
              spirit of VADeR / PixPro, within the image);
+  correspondence  across images: a student token of image b says which tokens of another image
+             of the batch (b - 1) are like its point, as the teacher says: its softmax over that
+             image's teacher tokens against the teacher's own (sharper) one from its token at the
+             same point. What recurs from image to image (a part) is what two images' tokens
+             share, so the term draws a part's tokens together across images as the dense term
+             cannot (STEGO's correspondence distillation, Hamilton et al. 2022, as a term on the
+             backbone; the within-image dense term keeps tokens that are all alike from meeting
+             it);
   attributes the image-level attribute losses of the supervised recipe (training/pretraining.py's
              heads), on the whole image, for the arms that combine both.
 
@@ -274,8 +282,31 @@ def dense_loss(student_tokens: jnp.ndarray, teacher_tokens: jnp.ndarray, index: 
     picked = jnp.sum(target * log_probs, -1)
   else:
     picked = jnp.take_along_axis(log_probs, index[..., None], axis=-1)[..., 0]
+  return _mean_inside(-picked, inside)
+
+
+def correspondence_loss(student_tokens: jnp.ndarray, teacher_tokens: jnp.ndarray,
+                        other_tokens: jnp.ndarray, index: jnp.ndarray, inside: jnp.ndarray,
+                        temperature: float, target_temperature: float) -> jnp.ndarray:
+  """Cross-image relational distillation. student_tokens [B, n, D] (a view of image b),
+  teacher_tokens [B, N, D] (the teacher's view of the same image b), other_tokens [B, N, D] (the
+  teacher's tokens of another image for each b), no gradient through either; index, inside as in
+  `dense_loss`. Mean cross-entropy over the inside tokens of
+  softmax_j(cos(student_i, other_j) / temperature) against the teacher's
+  softmax_j(cos(teacher_index_i, other_j) / target_temperature), each image weighted equally."""
+  others = _unit(jax.lax.stop_gradient(other_tokens))
+  anchors = jnp.take_along_axis(_unit(jax.lax.stop_gradient(teacher_tokens)), index[..., None],
+                                axis=1)
+  target = jax.nn.softmax(jnp.einsum("bnd,bmd->bnm", anchors, others) / target_temperature, -1)
+  log_probs = jax.nn.log_softmax(
+      jnp.einsum("bnd,bmd->bnm", _unit(student_tokens), others) / temperature, -1)
+  return _mean_inside(-jnp.sum(target * log_probs, -1), inside)
+
+
+def _mean_inside(per_token: jnp.ndarray, inside: jnp.ndarray) -> jnp.ndarray:
+  """per_token [B, n] averaged over each image's inside tokens, then over the images with any."""
   weights = inside / jnp.maximum(jnp.sum(inside, 1, keepdims=True), 1)
-  return -jnp.sum(picked * weights) / jnp.maximum(jnp.sum(jnp.any(inside, 1)), 1)
+  return jnp.sum(per_token * weights) / jnp.maximum(jnp.sum(jnp.any(inside, 1)), 1)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -384,7 +415,8 @@ def objective(model, recipe: Recipe, params: Dict, teacher: Optional[Dict],
     teacher_out = backbone(teacher["backbone"],
                            teacher_views.reshape((-1,) + teacher_views.shape[2:]))
   local_out = None
-  if "local" in seen and (recipe.dino > 0 or recipe.dense > 0 or recipe.patch_views == "cross"):
+  if "local" in seen and (recipe.dino > 0 or recipe.dense > 0 or recipe.correspondence > 0
+                          or recipe.patch_views == "cross"):
     local_out = backbone(params["backbone"],
                          seen["local"].reshape((-1,) + seen["local"].shape[2:]))
   if recipe.dino > 0:
@@ -420,17 +452,22 @@ def objective(model, recipe: Recipe, params: Dict, teacher: Optional[Dict],
                                                     local_out["patch_tokens"]))
     aux["teacher_scores"]["ibot_head"] = teacher_scores
     aux.update({f"ibot/teacher_{k}": v for k, v in statistics_of(probs).items()})
-  if recipe.dense > 0:
+  if recipe.dense > 0 or recipe.correspondence > 0:
     student_tokens, teacher_tokens = student["patch_tokens"], teacher_out["patch_tokens"]
     local_tokens = None if local_out is None else local_out["patch_tokens"]
-    if recipe.dense_head:
+    if recipe.dense > 0 and recipe.dense_head:  # The head is the dense term's (`heads`).
       head = projection["dense_head"]
       project = lambda tokens: head.apply({"params": params["dense_head"]}, tokens)
       student_tokens = project(student_tokens)
       teacher_tokens = head.apply({"params": teacher["dense_head"]}, teacher_tokens)
       local_tokens = None if local_tokens is None else project(local_tokens)
-    terms["dense"] = _dense_term(recipe, student_tokens, teacher_tokens, seen, batch,
-                                 model.config.patch_size, local_tokens)
+    if recipe.dense > 0:
+      terms["dense"] = _dense_term(recipe, student_tokens, teacher_tokens, seen, batch,
+                                   model.config.patch_size, local_tokens)
+    if recipe.correspondence > 0:
+      terms["correspondence"] = _correspondence_term(recipe, student_tokens, teacher_tokens,
+                                                     seen, batch, model.config.patch_size,
+                                                     local_tokens)
   if recipe.koleo > 0:
     cls = student["prefix_tokens"][:, 0].reshape(2, batch, -1)
     terms["koleo"] = (koleo_loss(cls[0]) + koleo_loss(cls[1])) / 2.0
@@ -515,6 +552,21 @@ def _dense_term(recipe: Recipe, global_tokens: jnp.ndarray, teacher_tokens: jnp.
   term = lambda tokens, teacher, index, inside: dense_loss(
       tokens, teacher, index, inside, recipe.dense_temperature, recipe.dense_target_temperature,
       recipe.dense_target_radius)
+  return _cross_view_pairs(recipe, global_tokens, teacher_tokens, seen, batch, patch,
+                           local_tokens, term)
+
+
+def _correspondence_term(recipe: Recipe, global_tokens: jnp.ndarray,
+                         teacher_tokens: jnp.ndarray, seen: Dict[str, jnp.ndarray], batch: int,
+                         patch: int, local_tokens: Optional[jnp.ndarray]) -> jnp.ndarray:
+  """`correspondence_loss` of every student view of image b against the teacher's tokens of each
+  other global view of image b - 1 (the batch rolled by one: another image for every b when
+  B > 1), the target anchored in that view of image b; averaged over the view pairs."""
+  if batch < 2:
+    raise ValueError(f"the correspondence term needs 2 or more images per batch, got {batch}")
+  term = lambda tokens, teacher, index, inside: correspondence_loss(
+      tokens, teacher, jnp.roll(teacher, 1, axis=0), index, inside, recipe.dense_temperature,
+      recipe.correspondence_temperature)
   return _cross_view_pairs(recipe, global_tokens, teacher_tokens, seen, batch, patch,
                            local_tokens, term)
 

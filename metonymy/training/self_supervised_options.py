@@ -7,7 +7,7 @@ command-line override of one is checked like any other key.
 import dataclasses
 from typing import Tuple
 
-OBJECTIVES = ("dino", "ibot", "koleo", "pixels", "dense", "attributes")
+OBJECTIVES = ("dino", "ibot", "koleo", "pixels", "dense", "correspondence", "attributes")
 PIXEL_TARGETS = ("image", "patch")
 PATCH_LOSSES = ("masked", "all")
 PATCH_VIEWS = ("same", "cross")
@@ -17,7 +17,8 @@ ATTRIBUTE_HEADS = ("cls_and_parts", "cls")
 # what came before: a stand-in's recipe leaves them out at that value (runs/stand_in.py), so the
 # shipped stand-ins keep matching the configs that asked for them.
 ADDED_LATER = {"dense_head": 0, "teacher_centering": "mean", "dense_target_radius": 0.0,
-               "attribute_heads": "cls_and_parts", "attribute_block": 0}
+               "attribute_heads": "cls_and_parts", "attribute_block": 0,
+               "correspondence": 0.0, "correspondence_temperature": 0.05}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +29,7 @@ class Recipe:
   koleo: float = 0.1
   pixels: float = 0.0
   dense: float = 0.0
+  correspondence: float = 0.0
   attributes: float = 0.0
   pixel_target: str = "image"
   prototypes: int = 256
@@ -66,6 +68,10 @@ class Recipe:
   # EMA of the student's), as PixPro and VADeR do, so the head can spend what tells one point of
   # a part from another and the last block need keep only what the head reads.
   dense_head: int = 0
+  # The cross-image correspondence term's target temperature (`correspondence_loss`): how sharply
+  # the teacher's similarities between a point of one image and the tokens of another are turned
+  # into the student's target (the student's own temperature is `dense_temperature`).
+  correspondence_temperature: float = 0.05
   # How the teacher's distributions are kept from one prototype winning everything: "mean",
   # DINO's running centre subtracted from the scores; "sinkhorn", DINOv2's Sinkhorn-Knopp over the
   # batch (every prototype takes an equal share of the batch's items: of its images for the CLS
@@ -114,6 +120,9 @@ class Recipe:
       raise ValueError("dense_target_radius must be 0 or > 0 with dense_target_temperature 0 (one "
                        f"soft target at a time), got {self.dense_target_radius} and "
                        f"{self.dense_target_temperature}")
+    if self.correspondence_temperature <= 0:
+      raise ValueError("correspondence_temperature must be > 0, got "
+                       f"{self.correspondence_temperature}")
     if self.dense_head < 0:
       raise ValueError(f"dense_head must be 0 (no head) or a width > 0, got {self.dense_head}")
     if all(getattr(self, name) == 0 for name in OBJECTIVES):
@@ -125,8 +134,8 @@ class Recipe:
 
   @property
   def distills(self) -> bool:
-    """Whether a teacher is needed (DINO, iBOT or the dense term)."""
-    return self.dino > 0 or self.ibot > 0 or self.dense > 0
+    """Whether a teacher is needed (DINO, iBOT, the dense or the correspondence term)."""
+    return self.dino > 0 or self.ibot > 0 or self.dense > 0 or self.correspondence > 0
 
   @property
   def masks(self) -> bool:
