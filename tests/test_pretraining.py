@@ -489,7 +489,7 @@ def test_the_shipped_continued_stand_in_holds_the_parts_and_keeps_the_attributes
 ADDED_LATER_OTHER_VALUES = {"dense_head": 32, "teacher_centering": "sinkhorn",
                             "dense_target_radius": 1.5, "attribute_heads": "cls",
                             "attribute_block": 3, "correspondence": 0.5,
-                            "correspondence_temperature": 0.1}
+                            "correspondence_temperature": 0.1, "correspondence_block": 1}
 
 
 @pytest.mark.parametrize("option,other_value", sorted(ADDED_LATER_OTHER_VALUES.items()))

@@ -296,8 +296,22 @@ def test_the_correspondence_loss_targets_the_teacher_s_similarities_to_another_i
         *[t if i == position else a for i, a in enumerate((student, teacher, other))],
         index, inside, 0.1, 0.05), argnums=0)
     assert float(jnp.abs(grad((student, teacher, other)[position])).max()) == 0.0
+  # The target's similarities may come from other tokens of the same two views (an earlier
+  # block's): the prediction stays the same, the target is theirs.
+  np.testing.assert_allclose(
+      ssl.correspondence_loss(student, teacher, other, index, inside, 0.1, 0.05, teacher, other),
+      got, rtol=1e-6)
+  earlier, earlier_other = _distinct_tokens(1, 6, 4, 13), _distinct_tokens(1, 5, 4, 14)
+  target = np.exp(log_softmax(unit(np.asarray(earlier[0]))[np.asarray(index[0])]
+                              @ unit(np.asarray(earlier_other[0])).T / 0.05))
+  np.testing.assert_allclose(
+      ssl.correspondence_loss(student, teacher, other, index, inside, 0.1, 0.05, earlier,
+                              earlier_other),
+      -(target * log_probs).sum(-1)[:5].mean(), rtol=1e-5)
   with pytest.raises(ValueError, match="correspondence_temperature"):
     ssl.Recipe(correspondence=1.0, correspondence_temperature=0.0)
+  with pytest.raises(ValueError, match="correspondence_block"):
+    ssl.Recipe(correspondence=1.0, correspondence_block=-1)
 
 
 @pytest.mark.slow
@@ -325,6 +339,30 @@ def test_the_correspondence_term_compares_each_image_with_another_one_of_the_bat
   with pytest.raises(ValueError, match="2 or more images"):
     ssl._correspondence_term(recipe, student[:2], teacher[:2], {
         "global": seen["global"][:, :1], "global_boxes": seen["global_boxes"][:, :1]}, 1, 4, None)
+
+
+@pytest.mark.slow
+def test_the_correspondence_target_comes_from_the_teacher_s_block_when_asked():
+  """`correspondence_block` k: the target's similarities are the teacher's block-k tokens'
+  (`correspondence_loss` checks the arithmetic by hand), so on the same networks the term
+  differs from the last block's target; the prediction still reads the teacher's last block;
+  a block beyond the depth is refused."""
+  model, params, config = _tiny()
+  images = jax.random.normal(jax.random.PRNGKey(6), (3, 16, 16, 3))
+  last = f"blocks_{config.depth - 1}"
+  moved = dict(params, **{last: jax.tree.map(lambda w: w * 1.5 + 0.1, params[last])})
+
+  def loss(block, teacher_backbone):
+    recipe = ssl.Recipe(dino=0.0, ibot=0.0, koleo=0.0, correspondence=1.0,
+                        correspondence_block=block, local_crops=0)
+    _, aux = ssl.objective(model, recipe, {"backbone": params}, {"backbone": teacher_backbone},
+                           {}, images, jax.random.PRNGKey(7), 0, 10)
+    return float(aux["loss/correspondence"])
+
+  assert loss(1, params) != pytest.approx(loss(0, params), rel=1e-3)
+  assert loss(1, moved) != pytest.approx(loss(1, params), rel=1e-3)
+  with pytest.raises(ValueError, match="beyond the backbone's depth"):
+    loss(config.depth + 1, params)
 
 
 @pytest.mark.slow

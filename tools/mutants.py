@@ -254,8 +254,10 @@ MUTANTS: Sequence[Mutant] = (
             "test_the_attribute_term_trains_through_the_cls_head_alone_when_asked",),
            "attribute_heads=cls still trains the part read-out", slow=True),
     Mutant("correspondence_within_the_same_image", "metonymy/training/self_supervised.py",
-           (("      tokens, teacher, jnp.roll(teacher, 1, axis=0), index, inside, recipe.dense_temperature,",
-             "      tokens, teacher, teacher, index, inside, recipe.dense_temperature,"),),
+           (("    return correspondence_loss(tokens, teacher, jnp.roll(teacher, 1, axis=0), index, inside,",
+             "    return correspondence_loss(tokens, teacher, teacher, index, inside,"),
+            ("                               target, jnp.roll(target, 1, axis=0))",
+             "                               target, target)")),
            ("tests/test_self_supervised.py::"
             "test_the_correspondence_term_compares_each_image_with_another_one_of_the_batch",),
            "the cross-image correspondence term compares each image with itself", slow=True),

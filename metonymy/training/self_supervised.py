@@ -287,17 +287,25 @@ def dense_loss(student_tokens: jnp.ndarray, teacher_tokens: jnp.ndarray, index: 
 
 def correspondence_loss(student_tokens: jnp.ndarray, teacher_tokens: jnp.ndarray,
                         other_tokens: jnp.ndarray, index: jnp.ndarray, inside: jnp.ndarray,
-                        temperature: float, target_temperature: float) -> jnp.ndarray:
+                        temperature: float, target_temperature: float,
+                        target_tokens: Optional[jnp.ndarray] = None,
+                        target_other_tokens: Optional[jnp.ndarray] = None) -> jnp.ndarray:
   """Cross-image relational distillation. student_tokens [B, n, D] (a view of image b),
   teacher_tokens [B, N, D] (the teacher's view of the same image b), other_tokens [B, N, D] (the
   teacher's tokens of another image for each b), no gradient through either; index, inside as in
   `dense_loss`. Mean cross-entropy over the inside tokens of
   softmax_j(cos(student_i, other_j) / temperature) against the teacher's
-  softmax_j(cos(teacher_index_i, other_j) / target_temperature), each image weighted equally."""
+  softmax_j(cos(teacher_index_i, other_j) / target_temperature), each image weighted equally.
+  With target_tokens / target_other_tokens [B, N, E] (the same two views' tokens in another
+  feature space, e.g. an earlier block's), the target's similarities are theirs."""
+  if target_tokens is None:
+    target_tokens, target_other_tokens = teacher_tokens, other_tokens
   others = _unit(jax.lax.stop_gradient(other_tokens))
-  anchors = jnp.take_along_axis(_unit(jax.lax.stop_gradient(teacher_tokens)), index[..., None],
+  anchors = jnp.take_along_axis(_unit(jax.lax.stop_gradient(target_tokens)), index[..., None],
                                 axis=1)
-  target = jax.nn.softmax(jnp.einsum("bnd,bmd->bnm", anchors, others) / target_temperature, -1)
+  target = jax.nn.softmax(jnp.einsum("bnd,bmd->bnm", anchors,
+                                     _unit(jax.lax.stop_gradient(target_other_tokens)))
+                          / target_temperature, -1)
   log_probs = jax.nn.log_softmax(
       jnp.einsum("bnd,bmd->bnm", _unit(student_tokens), others) / temperature, -1)
   return _mean_inside(-jnp.sum(target * log_probs, -1), inside)
@@ -413,7 +421,8 @@ def objective(model, recipe: Recipe, params: Dict, teacher: Optional[Dict],
   projection = heads(recipe)
   if recipe.distills:
     teacher_out = backbone(teacher["backbone"],
-                           teacher_views.reshape((-1,) + teacher_views.shape[2:]))
+                           teacher_views.reshape((-1,) + teacher_views.shape[2:]),
+                           return_intermediates=recipe.correspondence_block > 0)
   local_out = None
   if "local" in seen and (recipe.dino > 0 or recipe.dense > 0 or recipe.correspondence > 0
                           or recipe.patch_views == "cross"):
@@ -465,9 +474,16 @@ def objective(model, recipe: Recipe, params: Dict, teacher: Optional[Dict],
       terms["dense"] = _dense_term(recipe, student_tokens, teacher_tokens, seen, batch,
                                    model.config.patch_size, local_tokens)
     if recipe.correspondence > 0:
+      target_tokens = None
+      if recipe.correspondence_block:
+        if recipe.correspondence_block > model.config.depth:
+          raise ValueError(f"correspondence_block={recipe.correspondence_block} is beyond the "
+                           f"backbone's depth {model.config.depth}")
+        target_tokens = teacher_out["intermediates"][recipe.correspondence_block - 1][
+            :, model.config.num_prefix:]
       terms["correspondence"] = _correspondence_term(recipe, student_tokens, teacher_tokens,
                                                      seen, batch, model.config.patch_size,
-                                                     local_tokens)
+                                                     local_tokens, target_tokens)
   if recipe.koleo > 0:
     cls = student["prefix_tokens"][:, 0].reshape(2, batch, -1)
     terms["koleo"] = (koleo_loss(cls[0]) + koleo_loss(cls[1])) / 2.0
@@ -558,17 +574,27 @@ def _dense_term(recipe: Recipe, global_tokens: jnp.ndarray, teacher_tokens: jnp.
 
 def _correspondence_term(recipe: Recipe, global_tokens: jnp.ndarray,
                          teacher_tokens: jnp.ndarray, seen: Dict[str, jnp.ndarray], batch: int,
-                         patch: int, local_tokens: Optional[jnp.ndarray]) -> jnp.ndarray:
+                         patch: int, local_tokens: Optional[jnp.ndarray],
+                         target_tokens: Optional[jnp.ndarray] = None) -> jnp.ndarray:
   """`correspondence_loss` of every student view of image b against the teacher's tokens of each
   other global view of image b - 1 (the batch rolled by one: another image for every b when
-  B > 1), the target anchored in that view of image b; averaged over the view pairs."""
+  B > 1), the target anchored in that view of image b; averaged over the view pairs.
+  target_tokens [2B, N, E]: the teacher views' tokens the target's similarities come from (an
+  earlier block's), or None for teacher_tokens themselves."""
   if batch < 2:
     raise ValueError(f"the correspondence term needs 2 or more images per batch, got {batch}")
-  term = lambda tokens, teacher, index, inside: correspondence_loss(
-      tokens, teacher, jnp.roll(teacher, 1, axis=0), index, inside, recipe.dense_temperature,
-      recipe.correspondence_temperature)
-  return _cross_view_pairs(recipe, global_tokens, teacher_tokens, seen, batch, patch,
-                           local_tokens, term)
+  paired = teacher_tokens if target_tokens is None else jnp.concatenate(
+      [teacher_tokens, target_tokens], -1)
+  width = teacher_tokens.shape[-1]
+
+  def term(tokens, teacher, index, inside):
+    teacher, target = teacher[..., :width], teacher[..., width:]
+    if target_tokens is None:
+      target = teacher
+    return correspondence_loss(tokens, teacher, jnp.roll(teacher, 1, axis=0), index, inside,
+                               recipe.dense_temperature, recipe.correspondence_temperature,
+                               target, jnp.roll(target, 1, axis=0))
+  return _cross_view_pairs(recipe, global_tokens, paired, seen, batch, patch, local_tokens, term)
 
 
 def updated_centers(center: Dict[str, jnp.ndarray], teacher_scores: Dict[str, jnp.ndarray],

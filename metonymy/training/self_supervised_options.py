@@ -18,7 +18,8 @@ ATTRIBUTE_HEADS = ("cls_and_parts", "cls")
 # shipped stand-ins keep matching the configs that asked for them.
 ADDED_LATER = {"dense_head": 0, "teacher_centering": "mean", "dense_target_radius": 0.0,
                "attribute_heads": "cls_and_parts", "attribute_block": 0,
-               "correspondence": 0.0, "correspondence_temperature": 0.05}
+               "correspondence": 0.0, "correspondence_temperature": 0.05,
+               "correspondence_block": 0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +73,11 @@ class Recipe:
   # the teacher's similarities between a point of one image and the tokens of another are turned
   # into the student's target (the student's own temperature is `dense_temperature`).
   correspondence_temperature: float = 0.05
+  # Whose similarities make that target: 0, the teacher's last-block tokens (the tokens the
+  # student's are compared with); k >= 1, the teacher's block-k tokens, whose nearest tokens in
+  # another image may be the same part more often than the last block's (docs/experiments.md),
+  # as STEGO takes its target from a backbone other than the features it trains.
+  correspondence_block: int = 0
   # How the teacher's distributions are kept from one prototype winning everything: "mean",
   # DINO's running centre subtracted from the scores; "sinkhorn", DINOv2's Sinkhorn-Knopp over the
   # batch (every prototype takes an equal share of the batch's items: of its images for the CLS
@@ -123,6 +129,9 @@ class Recipe:
     if self.correspondence_temperature <= 0:
       raise ValueError("correspondence_temperature must be > 0, got "
                        f"{self.correspondence_temperature}")
+    if self.correspondence_block < 0:
+      raise ValueError("correspondence_block must be 0 (the last) or a block >= 1, got "
+                       f"{self.correspondence_block}")
     if self.dense_head < 0:
       raise ValueError(f"dense_head must be 0 (no head) or a width > 0, got {self.dense_head}")
     if all(getattr(self, name) == 0 for name in OBJECTIVES):
