@@ -34,7 +34,7 @@ A student ViT and an exponential-moving-average (EMA) teacher see different view
              share, so the term draws a part's tokens together across images as the dense term
              cannot (STEGO's correspondence distillation, Hamilton et al. 2022, as a term on the
              backbone; the within-image dense term keeps tokens that are all alike from meeting
-             it);
+             it); with `correspondence_block` the target's similarities are an earlier block's;
   attributes the image-level attribute losses of the supervised recipe (training/pretraining.py's
              heads), on the whole image, for the arms that combine both.
 
@@ -583,6 +583,8 @@ def _correspondence_term(recipe: Recipe, global_tokens: jnp.ndarray,
   earlier block's), or None for teacher_tokens themselves."""
   if batch < 2:
     raise ValueError(f"the correspondence term needs 2 or more images per batch, got {batch}")
+  # `_cross_view_pairs` hands each view pair one teacher array: the target's tokens ride along in
+  # it, on extra channels split off again below.
   paired = teacher_tokens if target_tokens is None else jnp.concatenate(
       [teacher_tokens, target_tokens], -1)
   width = teacher_tokens.shape[-1]
