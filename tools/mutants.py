@@ -202,9 +202,9 @@ MUTANTS: Sequence[Mutant] = (
            ("tests/test_self_supervised.py::test_a_masked_patch_s_pixels_never_reach_the_network",),
            "masked patches enter the student with their pixels"),
     Mutant("ibot_target_masked", "metonymy/training/self_supervised.py",
-           (("                           teacher_views.reshape((-1,) + teacher_views.shape[2:]))",
+           (("                           teacher_views.reshape((-1,) + teacher_views.shape[2:]),",
              "                           teacher_views.reshape((-1,) + teacher_views.shape[2:]),\n"
-             "                           token_mask=token_mask, mask_token=params.get(\"mask_token\"))"),),
+             "                           token_mask=token_mask, mask_token=params.get(\"mask_token\"),"),),
            ("tests/test_self_supervised.py::test_the_ibot_target_is_the_teacher_s_unmasked_view",),
            "the teacher's iBOT targets come from the masked view"),
     Mutant("part_norm_axes_swapped", "metonymy/models/stage1.py",
