@@ -16,6 +16,9 @@ score:
   cls_probe/mAP              attribute linear probes (ridge regression, `ridge_probe_scores`) on
                               the frozen CLS token, fit and scored on the same split of the images;
                               cls_probe/chance: a constant score's mAP.
+  pooled_probe/mAP           the same probes on the mean of the frozen last block's patch tokens
+                              (every patch: no part or object mask), the other image-level read-out
+                              of a ViT; its chance is cls_probe/chance.
 """
 
 from typing import Callable, Dict, Optional
@@ -72,7 +75,8 @@ def token_geometry(forward: Callable[[np.ndarray], Dict[str, np.ndarray]], image
     forward: images [b, H, W, 3] -> the backbone's output dict (`prefix_tokens` [b, P, D],
       `patch_tokens` [b, N, D] and, for `per_block`, `intermediates`: per block [b, P + N, D]).
     images: [M, H, W, 3] normalised; part_segmentation: [M, H, W] (0 = background, g + 1 = g).
-    attributes, attribute_valid: [M, A] image-level labels for the CLS probe (optional).
+    attributes, attribute_valid: [M, A] image-level labels for the CLS and pooled-token probes
+      (optional).
   """
   count = len(images)
   fit_images = int(count * fit_fraction)
@@ -114,6 +118,11 @@ def token_geometry(forward: Callable[[np.ndarray], Dict[str, np.ndarray]], image
                                 cls[fit_images:])
     held_out = attributes[fit_images:], valid[fit_images:]
     result["cls_probe/mAP"] = float(np.nanmean(metrics.average_precision(scores, *held_out)))
+    pooled = last.mean(1)
+    pooled_scores = ridge_probe_scores(pooled[:fit_images], attributes[:fit_images],
+                                       valid[:fit_images], pooled[fit_images:])
+    result["pooled_probe/mAP"] = float(np.nanmean(metrics.average_precision(pooled_scores,
+                                                                             *held_out)))
     result["cls_probe/chance"] = float(np.nanmean(metrics.average_precision(
         np.zeros_like(scores), *held_out)))
   result["images"] = count

@@ -179,7 +179,8 @@ def pretrain_stand_in(config, world, state_dir: str = "", writer=None):
                     f"{reporting.fmt(quality.get('kmeans_fg/NMI'), 1)} (blocks {blocks}; position "
                     f"alone {reporting.fmt(quality.get('position_fg/NMI'), 1)}), a patch's part "
                     f"{reporting.fmt(quality.get('part_probe/balanced_accuracy'))}, CLS attribute "
-                    f"probe mAP {reporting.fmt(quality.get('cls_probe/mAP'))}")
+                    f"probe mAP {reporting.fmt(quality.get('cls_probe/mAP'))} (pooled patch "
+                    f"tokens {reporting.fmt(quality.get('pooled_probe/mAP'))})")
     return quality
 
   console.console(f"[demo] pretraining a ViT (patch {vit_config.patch_size}, width "
@@ -236,7 +237,8 @@ def stand_in_quality(config, world, vit_config, params, heads) -> Dict:
   """On the world's `val` images: the stand-in's own attribute mAP (CLS head, part read-out
   head; supervised stand-ins only) beside the constant predictor's, and how its tokens hold the
   parts and the attributes (`pretraining.part_legibility`: k-means per block, the position-only
-  k-means, the patch-part probe, the CLS attribute probe)."""
+  k-means, the patch-part probe, the attribute probes on the CLS token and the pooled patch
+  tokens)."""
   data_cfg = subjobs.with_world(config.benchmark, world).data
   # The world's own val split, whatever the benchmark's probes use it for (`split=val` of the
   # Table-3 job scores the probes on it and leaves benchmark.data.val empty).

@@ -402,8 +402,8 @@ def part_legibility(model, params, source, transforms, *, images: int = 400,
   `part_segmentation` (the synthetic world); None without one. A diagnostic that nothing trains
   on: it tells whether Stage 1 has parts to find in these features
   (evaluation/token_geometry.py: k-means of the foreground tokens per block against the true
-  parts, the position-only k-means beside it, a patch-part probe, an attribute probe on the
-  frozen CLS token)."""
+  parts, the position-only k-means beside it, a patch-part probe, attribute probes on the
+  frozen CLS token and on the mean patch token)."""
   count = min(images, len(source))
   if not 0 < int(count * fit_fraction) < count or "part_segmentation" not in source[0]:
     return None
