@@ -247,6 +247,7 @@ def backbone_pretraining(steps: int = 0, *, batch_size: int = 32, learning_rate:
                          loss: str = "group_softmax", augment: str = "flip",
                          evaluate_every: int = 0, checkpoint_every: int = 250,
                          objective: str = "attributes", stage_seed: int = -1,
+                         registers: int = 0,
                          self_supervised: Optional[Dict] = None) -> ml_collections.ConfigDict:
   """Pretraining of a random-init backbone on the first `images` training examples
   (training/pretraining.py). `objective` "attributes": supervised, a CLS head and an attention
@@ -262,13 +263,19 @@ def backbone_pretraining(steps: int = 0, *, batch_size: int = 32, learning_rate:
   not part of the recipe either. `stage_seed` >= 0: this stage's own seed (its data order, views
   and fresh heads), so a stage that continues a shipped stand-in (`start_from`) can be rerun
   under several run seeds from one start; -1: the stand-in's seed (config.stand_in_seed), which
-  also picks its init, as every stand-in shipped so far was made."""
+  also picks its init, as every stand-in shipped so far was made. `registers` > 0: a stage that
+  continues another stand-in (`start_from`) gives it that many register tokens (Darcet et al.
+  2024: "Vision Transformers Need Registers"; DINOv2 with registers uses 4), freshly drawn, so the
+  image-level information has somewhere to go besides the patch tokens; 0 keeps the start's
+  architecture (a stand-in pretrained from scratch takes its registers from
+  backbone.arch.num_registers)."""
   return ml_collections.ConfigDict({"steps": steps, "batch_size": batch_size,
                                     "learning_rate": learning_rate, "weight_decay": weight_decay,
                                     "images": images, "loss": loss, "augment": augment,
                                     "evaluate_every": evaluate_every,
                                     "checkpoint_every": checkpoint_every,
                                     "objective": objective, "stage_seed": stage_seed,
+                                    "registers": registers,
                                     "self_supervised": self_supervised_options.as_config(
                                         self_supervised) if objective == "self_supervised"
                                     else {}})

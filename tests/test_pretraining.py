@@ -541,6 +541,45 @@ def test_a_stage_seed_reseeds_the_continued_stage_only_and_is_part_of_its_recipe
   assert seeds == [2]
 
 
+def test_registers_are_added_to_the_continued_stage_only_and_are_part_of_its_recipe(monkeypatch):
+  """`registers` gives the continued stage register tokens: the start is still the shipped file,
+  the stage's model has them (its trained weights those of the start), the recipe names them; at
+  0 the shipped stand-in still matches; without a start it is refused, naming the key."""
+  config = config_lib.load_sibling_config(CONFIG_FILE, "demo",
+                                          "stand_in_objective=attributes_then_dense")
+  assert config.backbone_pretraining.registers == 0
+  assert stand_in.shipped_record(config, config.world)[2]
+  config.backbone_pretraining.registers = 4
+  _, recorded, matches = stand_in.shipped_record(config, config.world)
+  assert not matches
+  assert stand_in.recipe_differences(recorded["recipe"], stand_in.stand_in_recipe(
+      config, config.world)) == ["pretraining.registers"]
+  assert stand_in.shipped_record(stand_in.start_config(config), config.world)[2]
+  seen = []
+
+  class Stop(Exception):
+    pass
+
+  def pretrain_stub(model, params, source, transforms, pre, seed, **kwargs):
+    seen.append((model.config, params))
+    raise Stop
+  monkeypatch.setattr(stand_in, "pretrain", pretrain_stub)
+  monkeypatch.setattr(stand_in, "_training_images", lambda *args: ([], None))
+  with pytest.raises(Stop):
+    stand_in.pretrain_stand_in(config, config.world)
+  (vit_config, params), = seen
+  assert vit_config.num_registers == 4 and params["register_tokens"].shape == (1, 4, 64)
+  start = stand_in.shipped_stand_in(stand_in.start_config(config), config.world.seed)
+  _, start_params, _, _ = pretrain.load_stand_in(start)
+  np.testing.assert_array_equal(params["blocks_3"]["mlp"]["fc2"]["kernel"],
+                                start_params["blocks_3"]["mlp"]["fc2"]["kernel"])
+  scratch = config_lib.load_sibling_config(CONFIG_FILE, "demo",
+                                           "stand_in_objective=self_supervised")
+  scratch.backbone_pretraining.registers = 4
+  with pytest.raises(ValueError, match="backbone_pretraining.registers=4"):
+    stand_in.pretrain_stand_in(scratch, scratch.world)
+
+
 def test_every_option_added_later_is_tested_against_the_shipped_stand_ins():
   assert set(self_supervised_options.ADDED_LATER) == set(ADDED_LATER_OTHER_VALUES)
 

@@ -576,3 +576,29 @@ def param_shapes(config: ViTConfig, image_size: Optional[int] = None):
   model = VisionTransformer(config)
   return jax.eval_shape(model.init, jax.random.PRNGKey(0),
                         jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32))["params"]
+
+
+def with_registers(config: ViTConfig, params: Dict, count: int, rng: jax.Array
+                   ) -> Tuple[ViTConfig, Dict]:
+  """(config, params) of a trained ViT given `count` register tokens (Darcet et al. 2024) it did
+  not have: every trained weight kept, the new tokens drawn as the ViT initialises its prefix
+  tokens (normal, std 0.02), so a stage that continues the ViT can learn to use them.
+
+  Args:
+    config: the ViT's architecture, without registers.
+    params: its parameters (`VisionTransformer` tree, no "register_tokens").
+    count: how many register tokens to add (> 0).
+    rng: key of the new tokens.
+
+  Returns:
+    the architecture with `num_registers=count` and its parameters, "register_tokens" [1, count,
+    width] added.
+  """
+  if count <= 0:
+    raise ValueError(f"with_registers: count must be positive, got {count}.")
+  if config.num_registers or "register_tokens" in params:
+    raise ValueError(f"with_registers: the ViT already has {config.num_registers} register "
+                     "tokens; adding registers to registers is not supported.")
+  registers = 0.02 * jax.random.normal(rng, (1, count, config.width), jnp.float32)
+  return (dataclasses.replace(config, num_registers=int(count)),
+          dict(params, register_tokens=registers.astype(params["cls_token"].dtype)))

@@ -9,6 +9,7 @@ import json
 import os
 from typing import Dict, Optional, Tuple
 
+import jax
 import ml_collections
 
 from metonymy import console
@@ -29,6 +30,9 @@ BACKBONE_DIR = layout.BACKBONE_DIR  # DIR/backbone: a converted backbone folder
 STAND_IN_FILE = "stand_in"  # DIR/backbone/stand_in.{npz,json}: the heads and the record
 # backbone_pretraining keys that do not change the weights, so not part of the recipe: a shipped
 # stand-in made without them is still the one a config with them asks for.
+# The random stream (folded into the stage seed) that draws the register tokens a continued stage
+# adds (backbone_pretraining.registers).
+REGISTER_STREAM = 7
 RECIPE_FREE_KEYS = ("shipped", "evaluate_every", "checkpoint_every", "stand_in_name")
 
 
@@ -86,6 +90,8 @@ def _pretraining_recipe(pre: Dict) -> Dict:
   pre = {k: v for k, v in pre.items() if k not in RECIPE_FREE_KEYS}
   if pre.get("stage_seed", -1) == -1:
     pre.pop("stage_seed", None)  # The stand-in's own seed, as the shipped stand-ins were made.
+  if not pre.get("registers", 0):
+    pre.pop("registers", None)  # The start's architecture, as the shipped stand-ins were made.
   if pre.get("objective", "attributes") == "attributes":
     # The supervised recipe as it was before the self-supervised one existed: the stand-ins
     # shipped for it keep matching.
@@ -149,9 +155,22 @@ def pretrain_stand_in(config, world, state_dir: str = "", writer=None):
   if pre.get("start_from"):
     # A stand-in that continues another one: that one first (shipped or pretrained here).
     vit_config, params, heads, start_record = start_stand_in(config, world, stage_dir("start"))
+    registers = int(pre.get("registers", 0))
+    if registers:
+      # Drawn from the stage's seed, so each stage seed is a run of its own and a resumed
+      # stage redraws the same tokens before its saved state replaces them.
+      vit_config, params = vit.with_registers(
+          vit_config, params, registers,
+          jax.random.fold_in(jax.random.PRNGKey(_stage_seed(config, pre)), REGISTER_STREAM))
+      console.console(f"[demo] the continued stage adds {registers} register tokens")
     model = vit.VisionTransformer(vit_config)
     record["start"] = start_record
   else:
+    if int(pre.get("registers", 0)):
+      raise ValueError(
+          f"backbone_pretraining.registers={int(pre.registers)} adds register tokens to the "
+          "stand-in a stage continues (backbone_pretraining.start_from), and this stage "
+          "continues none: set backbone.arch.num_registers for a stand-in pretrained from scratch.")
     model, params, vit_config = loading.build_backbone(config.backbone, _seed(config))
   warmup_steps = int(pre.get("warmup_steps", 0))
   if warmup_steps:
