@@ -247,6 +247,12 @@ MUTANTS: Sequence[Mutant] = (
            ("tests/test_pretraining.py::"
             "test_a_stage_seed_reseeds_the_continued_stage_only_and_is_part_of_its_recipe",),
            "a continued stage's own seed (stage_seed) is recorded but not used"),
+    Mutant("registers_dropped", "metonymy/models/vit.py",
+           (("          dict(params, register_tokens=registers.astype(params[\"cls_token\"].dtype)))",
+             "          dict(params, register_tokens=jnp.zeros_like(registers)))"),),
+           ("tests/test_vit_registers.py::"
+            "test_added_registers_keep_every_weight_and_take_part_in_attention",),
+           "the register tokens added to a trained ViT are all alike (zeros), so they learn alike"),
     Mutant("attribute_heads_ignored", "metonymy/training/pretraining.py",
            (("""  trained_heads = HEADS if recipe is None or recipe.attribute_heads == "cls_and_parts" else ("cls",)""",
              "  trained_heads = HEADS"),),
