@@ -512,63 +512,54 @@ def test_an_option_added_later_matches_the_shipped_stand_in_only_at_its_old_valu
       config, config.world)) == [f"pretraining.self_supervised.{option}"]
 
 
-def test_a_stage_seed_reseeds_the_continued_stage_only_and_is_part_of_its_recipe(monkeypatch):
-  """`stage_seed` reruns the dense stage under another run seed from the same shipped start: the
-  stage's pretraining gets it, the start is still the shipped file (its recipe unchanged), and
-  the recipe names it; at -1 the shipped stand-in still matches."""
+def _continued_stage_with(monkeypatch, key: str, value):
+  """What the continued stage's pretraining is called with, its `key` set to `value` (the run
+  stopped there): {"model", "params", "seed"}. Checks on the way that the shipped stand-in matches
+  at the key's default, not at `value`, that the recipe names the key alone, and that the start is
+  still the shipped supervised file."""
   config = config_lib.load_sibling_config(CONFIG_FILE, "demo",
                                           "stand_in_objective=attributes_then_dense")
-  assert config.backbone_pretraining.stage_seed == -1
   assert stand_in.shipped_record(config, config.world)[2]
-  config.backbone_pretraining.stage_seed = 2
+  config.backbone_pretraining[key] = value
   _, recorded, matches = stand_in.shipped_record(config, config.world)
   assert not matches
   assert stand_in.recipe_differences(recorded["recipe"], stand_in.stand_in_recipe(
-      config, config.world)) == ["pretraining.stage_seed"]
+      config, config.world)) == [f"pretraining.{key}"]
   assert stand_in.shipped_record(stand_in.start_config(config), config.world)[2]
-  seeds = []
+  seen = {}
 
   class Stop(Exception):
     pass
 
   def pretrain_stub(model, params, source, transforms, pre, seed, **kwargs):
-    seeds.append(seed)
+    seen.update(model=model, params=params, seed=seed)
     raise Stop
   monkeypatch.setattr(stand_in, "pretrain", pretrain_stub)
   monkeypatch.setattr(stand_in, "_training_images", lambda *args: ([], None))
   with pytest.raises(Stop):
     stand_in.pretrain_stand_in(config, config.world)
-  assert seeds == [2]
+  return seen
+
+
+def test_a_stage_seed_reseeds_the_continued_stage_only_and_is_part_of_its_recipe(monkeypatch):
+  """`stage_seed` reruns the dense stage under another run seed from the same shipped start: the
+  stage's pretraining gets it, the start is still the shipped file (its recipe unchanged), and
+  the recipe names it; at -1 the shipped stand-in still matches."""
+  assert config_lib.backbone_pretraining().stage_seed == -1
+  assert _continued_stage_with(monkeypatch, "stage_seed", 2)["seed"] == 2
 
 
 def test_registers_are_added_to_the_continued_stage_only_and_are_part_of_its_recipe(monkeypatch):
   """`registers` gives the continued stage register tokens: the start is still the shipped file,
   the stage's model has them (its trained weights those of the start), the recipe names them; at
   0 the shipped stand-in still matches; without a start it is refused, naming the key."""
+  assert config_lib.backbone_pretraining().registers == 0
+  seen = _continued_stage_with(monkeypatch, "registers", 4)
+  params = seen["params"]
+  assert seen["model"].config.num_registers == 4
+  assert params["register_tokens"].shape == (1, 4, 64)
   config = config_lib.load_sibling_config(CONFIG_FILE, "demo",
                                           "stand_in_objective=attributes_then_dense")
-  assert config.backbone_pretraining.registers == 0
-  assert stand_in.shipped_record(config, config.world)[2]
-  config.backbone_pretraining.registers = 4
-  _, recorded, matches = stand_in.shipped_record(config, config.world)
-  assert not matches
-  assert stand_in.recipe_differences(recorded["recipe"], stand_in.stand_in_recipe(
-      config, config.world)) == ["pretraining.registers"]
-  assert stand_in.shipped_record(stand_in.start_config(config), config.world)[2]
-  seen = []
-
-  class Stop(Exception):
-    pass
-
-  def pretrain_stub(model, params, source, transforms, pre, seed, **kwargs):
-    seen.append((model.config, params))
-    raise Stop
-  monkeypatch.setattr(stand_in, "pretrain", pretrain_stub)
-  monkeypatch.setattr(stand_in, "_training_images", lambda *args: ([], None))
-  with pytest.raises(Stop):
-    stand_in.pretrain_stand_in(config, config.world)
-  (vit_config, params), = seen
-  assert vit_config.num_registers == 4 and params["register_tokens"].shape == (1, 4, 64)
   start = stand_in.shipped_stand_in(stand_in.start_config(config), config.world.seed)
   _, start_params, _, _ = pretrain.load_stand_in(start)
   np.testing.assert_array_equal(params["blocks_3"]["mlp"]["fc2"]["kernel"],
