@@ -30,10 +30,10 @@ BACKBONE_DIR = layout.BACKBONE_DIR  # DIR/backbone: a converted backbone folder
 STAND_IN_FILE = "stand_in"  # DIR/backbone/stand_in.{npz,json}: the heads and the record
 # backbone_pretraining keys that do not change the weights, so not part of the recipe: a shipped
 # stand-in made without them is still the one a config with them asks for.
+RECIPE_FREE_KEYS = ("shipped", "evaluate_every", "checkpoint_every", "stand_in_name")
 # The random stream (folded into the stage seed) that draws the register tokens a continued stage
 # adds (backbone_pretraining.registers).
 REGISTER_STREAM = 7
-RECIPE_FREE_KEYS = ("shipped", "evaluate_every", "checkpoint_every", "stand_in_name")
 
 
 def shipped_stand_in(config, world_seed: int) -> str:
