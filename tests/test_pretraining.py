@@ -514,7 +514,7 @@ def test_an_option_added_later_matches_the_shipped_stand_in_only_at_its_old_valu
 
 def _continued_stage_with(monkeypatch, key: str, value):
   """What the continued stage's pretraining is called with, its `key` set to `value` (the run
-  stopped there): {"model", "params", "seed"}. Checks on the way that the shipped stand-in matches
+  stopped there): {"config", "model", "params", "seed"}. Checks on the way that the shipped stand-in matches
   at the key's default, not at `value`, that the recipe names the key alone, and that the start is
   still the shipped supervised file."""
   config = config_lib.load_sibling_config(CONFIG_FILE, "demo",
@@ -526,7 +526,7 @@ def _continued_stage_with(monkeypatch, key: str, value):
   assert stand_in.recipe_differences(recorded["recipe"], stand_in.stand_in_recipe(
       config, config.world)) == [f"pretraining.{key}"]
   assert stand_in.shipped_record(stand_in.start_config(config), config.world)[2]
-  seen = {}
+  seen = {"config": config}
 
   class Stop(Exception):
     pass
@@ -558,8 +558,7 @@ def test_registers_are_added_to_the_continued_stage_only_and_are_part_of_its_rec
   params = seen["params"]
   assert seen["model"].config.num_registers == 4
   assert params["register_tokens"].shape == (1, 4, 64)
-  config = config_lib.load_sibling_config(CONFIG_FILE, "demo",
-                                          "stand_in_objective=attributes_then_dense")
+  config = seen["config"]
   start = stand_in.shipped_stand_in(stand_in.start_config(config), config.world.seed)
   _, start_params, _, _ = pretrain.load_stand_in(start)
   np.testing.assert_array_equal(params["blocks_3"]["mlp"]["fc2"]["kernel"],

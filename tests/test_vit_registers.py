@@ -23,7 +23,7 @@ def test_added_registers_keep_every_weight_and_take_part_in_attention():
   model = vit.VisionTransformer(config)
   out = model.apply({"params": with_regs}, images)
   assert out["prefix_tokens"].shape == (2, 5, 32) and out["patch_tokens"].shape == (2, 16, 32)
-  # The patch tokens attend to the registers: other registers, other patch tokens.
+  # The patch tokens attend to the registers: moving the registers moves them.
   moved = dict(with_regs, register_tokens=with_regs["register_tokens"] + 1.0)
   assert not np.allclose(model.apply({"params": moved}, images)["patch_tokens"],
                          out["patch_tokens"])
