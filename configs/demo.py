@@ -250,9 +250,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   world_options = world(size)
   config.world = ml_collections.ConfigDict(world_options)
   # Step 1: the stand-in for DINO. Ignored when benchmark.backbone.checkpoint is given.
+  # num_registers: register tokens beside CLS from the first pretraining step on (Darcet et al.
+  # 2024; 0 = none, as every shipped stand-in so far; --config.backbone.arch.num_registers=4).
   config.backbone = config_lib.random_backbone(
       patch_size=PATCH, width=64, depth=size["depth"], num_heads=4, mlp_dim=128,
-      pos_embed_grid=(image_size // PATCH, image_size // PATCH), image_size=image_size)
+      num_registers=0, pos_embed_grid=(image_size // PATCH, image_size // PATCH),
+      image_size=image_size)
   # Use the stand-in shipped in metonymy/assets/ when it was made by exactly this recipe (arch,
   # seed, pretraining, world); otherwise (or with False) pretrain it here.
   shipped = not (arg.tiny or arg.stand_in)

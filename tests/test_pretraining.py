@@ -570,6 +570,26 @@ def test_registers_are_added_to_the_continued_stage_only_and_are_part_of_its_rec
     stand_in.pretrain_stand_in(scratch, scratch.world)
 
 
+def test_registers_from_the_first_step_are_the_stand_ins_architecture_and_recipe():
+  """backbone.arch.num_registers pretrains a stand-in with register tokens from its first step:
+  its model and record have them, its recipe and remake command name them; at 0 (the default)
+  the recipe is the one the shipped stand-ins were recorded with, so they still match."""
+  config = config_lib.load_sibling_config(CONFIG_FILE, "demo", "tiny")
+  assert config.backbone.arch.num_registers == 0
+  assert "num_registers" not in stand_in.stand_in_recipe(config, config.world)["arch"]
+  assert "num_registers" not in stand_in.stand_in_command(config, config.world)
+  config.backbone.arch.num_registers = 2
+  config.backbone_pretraining.steps = 2
+  config.backbone_pretraining.warmup_steps = 0
+  recipe = stand_in.stand_in_recipe(config, config.world)
+  assert recipe["arch"]["num_registers"] == 2
+  assert stand_in.stand_in_command(config, config.world).endswith(
+      "--config.backbone.arch.num_registers=2 --workdir=DIR")
+  vit_config, trained, record = stand_in.pretrain_stand_in(config, config.world)
+  assert vit_config.num_registers == 2 and record["recipe"] == recipe
+  assert trained.params["register_tokens"].shape == (1, 2, vit_config.width)
+
+
 def test_every_option_added_later_is_tested_against_the_shipped_stand_ins():
   assert set(self_supervised_options.ADDED_LATER) == set(ADDED_LATER_OTHER_VALUES)
 

@@ -56,8 +56,10 @@ def stand_in_command(config, world) -> str:
   arg = "stand_in" + (f",world={config.world_name}" if config.get("world_name", "v1") != "v1"
                       else "")
   arg += f",stand_in_objective={objective_name(config)}"
+  registers = int(config.backbone.arch.get("num_registers", 0))
+  overrides = f" --config.backbone.arch.num_registers={registers}" if registers else ""
   return (f"python -m metonymy.main --config=configs/demo.py:{arg} "
-          f"--config.world.seed={int(world.seed)} --workdir=DIR")
+          f"--config.world.seed={int(world.seed)}{overrides} --workdir=DIR")
 
 
 def _seed(config) -> int:
@@ -79,7 +81,10 @@ def stand_in_recipe(config, world) -> Dict:
   pre = _pretraining_recipe(config.backbone_pretraining.to_dict())
   world = world.to_dict() if hasattr(world, "to_dict") else dict(world)
   world = dict(world, splits={"train": int(dict(world["splits"])["train"])})
-  return json.loads(json.dumps({"arch": config.backbone.arch.to_dict(), "preset":
+  arch = config.backbone.arch.to_dict()
+  if not arch.get("num_registers", 0):
+    arch.pop("num_registers", None)  # As the stand-ins shipped before the key were recorded.
+  return json.loads(json.dumps({"arch": arch, "preset":
                                 config.backbone.preset, "seed": _seed(config),
                                 "pretraining": pre, "world": world}))
 
