@@ -36,7 +36,9 @@ same command resumes a killed run there); `stand_in_objective=attributes|self_su
 attributes_then_dense`, the stand-in's objective (world v3 only: the supervised one; the
 self-supervised one, SELF_SUPERVISED below; the supervised one continued by the dense term,
 ATTRIBUTES_THEN_DENSE, the default; each shipped for world seeds 0-2, else pretrained first,
-which docs/experiments.md times).
+which docs/experiments.md times); `registers=N`, the stand-in's register tokens beside CLS from
+its first pretraining step (Darcet et al. 2024; DINOv2 with registers has 4), shipped under its
+name with `_reg<N>` (`registered_name`); -1 (the default): the objective's own (WORLDS), 0: none.
 """
 
 import ml_collections
@@ -214,8 +216,18 @@ ATTRIBUTES_THEN_DENSE = dict(SELF_SUPERVISED, steps=300, evaluate_every=50, self
 STAND_IN_OBJECTIVES = ("attributes", "self_supervised", "attributes_then_dense")
 
 
+def registered_name(stand_in_name: str, registers: int) -> str:
+  """The shipped name of a stand-in with `registers` register tokens: its name with `_reg<N>`
+  before `_world{seed}` (none: the name itself), so stand-ins with and without registers are
+  shipped side by side."""
+  if not registers:
+    return stand_in_name
+  return stand_in_name.replace("_world{seed}", f"_reg{registers}_world{{seed}}")
+
+
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-  arg = config_lib.parse_arg(arg, tiny=False, stand_in=False, world=WORLD, stand_in_objective="")
+  arg = config_lib.parse_arg(arg, tiny=False, stand_in=False, world=WORLD, stand_in_objective="",
+                             registers=-1)
   if arg.world not in WORLDS:
     raise ValueError(f"Config argument world={arg.world!r}: expected one of {sorted(WORLDS)}.")
   chosen = dict(WORLDS[arg.world])
@@ -227,6 +239,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   supervised_name = chosen["stand_in_name"]
   if objective != "attributes":
     chosen.update(chosen[objective])
+  registers = arg.registers if arg.registers >= 0 else chosen.get("registers", 0)
   size = dict(SIZES["tiny" if arg.tiny else "full"], world_options=chosen["options"])
   if not arg.tiny:  # A world's own stand-in schedule and training budget.
     size.update({k: chosen[k] for k in ("pretrain_steps", "single_steps", "two_stage_steps")
@@ -250,11 +263,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   world_options = world(size)
   config.world = ml_collections.ConfigDict(world_options)
   # Step 1: the stand-in for DINO. Ignored when benchmark.backbone.checkpoint is given.
-  # num_registers: register tokens beside CLS from the first pretraining step on (Darcet et al.
-  # 2024; 0 = none, as every shipped stand-in so far; --config.backbone.arch.num_registers=4).
   config.backbone = config_lib.random_backbone(
       patch_size=PATCH, width=64, depth=size["depth"], num_heads=4, mlp_dim=128,
-      num_registers=0, pos_embed_grid=(image_size // PATCH, image_size // PATCH),
+      num_registers=registers, pos_embed_grid=(image_size // PATCH, image_size // PATCH),
       image_size=image_size)
   # Use the stand-in shipped in metonymy/assets/ when it was made by exactly this recipe (arch,
   # seed, pretraining, world); otherwise (or with False) pretrain it here.
@@ -274,9 +285,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       # recipe matches, also when this one is remade with `stand_in`).
       config.backbone_pretraining.start_from = stand_in_pretraining(
           WORLDS[arg.world], size, shipped=not arg.tiny)
-      config.backbone_pretraining.start_from.stand_in_name = supervised_name
+      config.backbone_pretraining.start_from.stand_in_name = registered_name(supervised_name,
+                                                                             registers)
   # The shipped stand-ins of this world: metonymy/assets/<name>.{npz,json}, per world seed.
-  config.stand_in_name = chosen["stand_in_name"]
+  config.stand_in_name = registered_name(chosen["stand_in_name"], registers)
   # mode "stand_in" writes the pretrained stand-in to this path prefix (.npz + .json).
   config.stand_in_output = ""
   config.benchmark = benchmark_config(size, world_options)

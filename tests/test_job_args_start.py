@@ -30,12 +30,12 @@ RUNS = {
     "demo": ("tiny,world=v1", "tiny,world=v2",
              "tiny,world=v3,stand_in_objective=self_supervised",
              "tiny,stand_in_objective=attributes",
-             "tiny,stand_in,stand_in_objective=attributes_then_dense"),
+             "tiny,stand_in,stand_in_objective=attributes_then_dense,registers=2"),
     "synthetic_table3": (
         "small,world=v3,split=val,priors=off,paper_stage2_rate,demo_length,"
         "stand_in_objective=attributes_then_dense",
         "small,world=v1,priors=paper,split=test",
-        "small,world=v2,stand_in_objective=attributes",
+        "small,world=v2,stand_in_objective=attributes,registers=2",
         "small,stand_in_objective=self_supervised"),
 }
 # The arguments that choose a route, and the values each takes (the configs refuse any other).

@@ -570,21 +570,30 @@ def test_registers_are_added_to_the_continued_stage_only_and_are_part_of_its_rec
     stand_in.pretrain_stand_in(scratch, scratch.world)
 
 
-def test_registers_from_the_first_step_are_the_stand_ins_architecture_and_recipe():
-  """backbone.arch.num_registers pretrains a stand-in with register tokens from its first step:
-  its model and record have them, its recipe and remake command name them; at 0 (the default)
-  the recipe is the one the shipped stand-ins were recorded with, so they still match."""
-  config = config_lib.load_sibling_config(CONFIG_FILE, "demo", "tiny")
-  assert config.backbone.arch.num_registers == 0
-  assert "num_registers" not in stand_in.stand_in_recipe(config, config.world)["arch"]
-  assert "num_registers" not in stand_in.stand_in_command(config, config.world)
-  config.backbone.arch.num_registers = 2
+def test_registers_from_the_first_step_are_the_stand_ins_architecture_name_and_recipe():
+  """`registers=N` pretrains a stand-in with register tokens from its first step: its model and
+  record have them, its recipe and remake command name them, it is shipped under a name of its
+  own (a continued one starts from the registered supervised one); at 0 the recipe is the one
+  the shipped stand-ins were recorded with, so they still match."""
+  plain = config_lib.load_sibling_config(CONFIG_FILE, "demo", "tiny,registers=0")
+  assert plain.backbone.arch.num_registers == 0
+  assert "num_registers" not in stand_in.stand_in_recipe(plain, plain.world)["arch"]
+  assert plain.stand_in_name == "demo_stand_in_v3_dense_world{seed}"
+  config = config_lib.load_sibling_config(CONFIG_FILE, "demo",
+                                          "tiny,stand_in_objective=attributes,registers=2")
+  assert config.stand_in_name == "demo_stand_in_v3_reg2_world{seed}"
+  continued = config_lib.load_sibling_config(
+      CONFIG_FILE, "demo", "stand_in_objective=attributes_then_dense,registers=4")
+  assert continued.stand_in_name == "demo_stand_in_v3_dense_reg4_world{seed}"
+  start = stand_in.start_config(continued)
+  assert (start.stand_in_name, start.backbone.arch.num_registers) == (
+      "demo_stand_in_v3_reg4_world{seed}", 4)
   config.backbone_pretraining.steps = 2
   config.backbone_pretraining.warmup_steps = 0
   recipe = stand_in.stand_in_recipe(config, config.world)
   assert recipe["arch"]["num_registers"] == 2
-  assert stand_in.stand_in_command(config, config.world).endswith(
-      "--config.backbone.arch.num_registers=2 --workdir=DIR")
+  assert "stand_in_objective=attributes,registers=2 " in stand_in.stand_in_command(
+      config, config.world)
   vit_config, trained, record = stand_in.pretrain_stand_in(config, config.world)
   assert vit_config.num_registers == 2 and record["recipe"] == recipe
   assert trained.params["register_tokens"].shape == (1, 2, vit_config.width)

@@ -56,10 +56,9 @@ def stand_in_command(config, world) -> str:
   arg = "stand_in" + (f",world={config.world_name}" if config.get("world_name", "v1") != "v1"
                       else "")
   arg += f",stand_in_objective={objective_name(config)}"
-  registers = int(config.backbone.arch.get("num_registers", 0))
-  overrides = f" --config.backbone.arch.num_registers={registers}" if registers else ""
+  arg += f",registers={int(config.backbone.arch.get('num_registers', 0))}"
   return (f"python -m metonymy.main --config=configs/demo.py:{arg} "
-          f"--config.world.seed={int(world.seed)}{overrides} --workdir=DIR")
+          f"--config.world.seed={int(world.seed)} --workdir=DIR")
 
 
 def _seed(config) -> int:
