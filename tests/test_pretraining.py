@@ -263,20 +263,24 @@ def test_a_stand_in_that_does_not_fit_its_architecture_is_refused(tmp_path):
 
 # (world, world seed) of every stand-in shipped in metonymy/assets/.
 SHIPPED = [("v1", 0), ("v1", 1), ("v1", 2), ("v2", 0), ("v3", 0), ("v3", 1), ("v3", 2)]
+# World v3 seeds with shipped stand-ins with four registers from the first step (`registers=4`:
+# the supervised one and the one continued from it).
+REGISTERED_SEEDS = (0,)
 # The CLS head's least attribute mAP on val per world. v2's attributes sit on a disc of 15% of
 # each part: its stand-in reads them at 0.38 (chance 0.23), v1's at 0.72-0.74; v3's (v2 with a
 # plain tone per part) at 0.57-0.61.
 MIN_CLS_MAP = {"v1": 0.6, "v2": 0.35, "v3": 0.5}
 
 
-@pytest.mark.parametrize("world,seed", SHIPPED)
-def test_shipped_stand_in_loads_and_matches_the_demo_recipe(world, seed):
+@pytest.mark.parametrize("world,seed,registers", [(w, s, 0) for w, s in SHIPPED] +
+                         [("v3", s, 4) for s in REGISTERED_SEEDS])
+def test_shipped_stand_in_loads_and_matches_the_demo_recipe(world, seed, registers):
   """The supervised stand-in in metonymy/assets/ is what `configs/demo.py:stand_in[,world=W],
-  stand_in_objective=attributes --config.world.seed=N` makes: its recorded recipe equals the
-  demo's (so the demo uses it), its arrays fit that architecture, and its recorded quality on
-  val is well above chance."""
-  config = config_lib.load_sibling_config(CONFIG_FILE, "demo",
-                                          f"world={world},stand_in_objective=attributes")
+  stand_in_objective=attributes[,registers=R] --config.world.seed=N` makes: its recorded recipe
+  equals the demo's (so the demo uses it), its arrays fit that architecture, and its recorded
+  quality on val is well above chance."""
+  config = config_lib.load_sibling_config(
+      CONFIG_FILE, "demo", f"world={world},stand_in_objective=attributes,registers={registers}")
   config.world.seed = seed
   prefix = stand_in.shipped_stand_in(config, seed)
   vit_config, params, heads, record = pretrain.load_stand_in(prefix)
@@ -461,18 +465,22 @@ def test_the_self_supervised_stand_in_is_its_own_recipe_and_is_measured_without_
 CONTINUED_SEEDS = (0, 1, 2)
 
 
-@pytest.mark.parametrize("seed", CONTINUED_SEEDS)
-def test_the_shipped_continued_stand_in_holds_the_parts_and_keeps_the_attributes(seed):
-  """metonymy/assets/demo_stand_in_v3_dense_world<seed> is what `configs/demo.py:stand_in,
-  stand_in_objective=attributes_then_dense` makes from the shipped supervised stand-in, and its
-  recorded val quality is what it was chosen for: the last block's geometry far beyond the
-  supervised stand-in's, the attributes as well read as before."""
-  config = config_lib.load_sibling_config(CONFIG_FILE, "demo",
-                                          "stand_in_objective=attributes_then_dense")
+@pytest.mark.parametrize("seed,registers", [(s, 0) for s in CONTINUED_SEEDS] +
+                         [(s, 4) for s in REGISTERED_SEEDS])
+def test_the_shipped_continued_stand_in_holds_the_parts_and_keeps_the_attributes(seed, registers):
+  """metonymy/assets/demo_stand_in_v3_dense[_reg4]_world<seed> is what `configs/demo.py:stand_in,
+  stand_in_objective=attributes_then_dense[,registers=4]` makes from the shipped supervised
+  stand-in with as many registers, and its recorded val quality is what it was chosen for: the
+  last block's geometry far beyond the supervised stand-in's, the attributes as well read as
+  before."""
+  config = config_lib.load_sibling_config(
+      CONFIG_FILE, "demo", f"stand_in_objective=attributes_then_dense,registers={registers}")
   config.world.seed = seed
   vit_config, _, heads, record = pretrain.load_stand_in(stand_in.shipped_stand_in(config, seed))
   assert record["recipe"] == stand_in.stand_in_recipe(config, config.world)
-  assert record["start"]["source"] == f"demo_stand_in_v3_world{seed}"
+  assert vit_config.num_registers == registers
+  start_name = "demo_stand_in_v3" + (f"_reg{registers}" if registers else "") + f"_world{seed}"
+  assert record["start"]["source"] == start_name
   assert set(heads) == set(pretrain.HEADS)
   start = stand_in.start_config(config)
   before = pretrain.read_stand_in_record(stand_in.shipped_stand_in(start, seed))["quality_val"]
