@@ -479,10 +479,9 @@ def test_the_shipped_continued_stand_in_holds_the_parts_and_keeps_the_attributes
   vit_config, _, heads, record = pretrain.load_stand_in(stand_in.shipped_stand_in(config, seed))
   assert record["recipe"] == stand_in.stand_in_recipe(config, config.world)
   assert vit_config.num_registers == registers
-  start_name = "demo_stand_in_v3" + (f"_reg{registers}" if registers else "") + f"_world{seed}"
-  assert record["start"]["source"] == start_name
-  assert set(heads) == set(pretrain.HEADS)
   start = stand_in.start_config(config)
+  assert record["start"]["source"] == start.stand_in_name.format(seed=seed)
+  assert set(heads) == set(pretrain.HEADS)
   before = pretrain.read_stand_in_record(stand_in.shipped_stand_in(start, seed))["quality_val"]
   quality = record["quality_val"]
   # val, seeds 0 / 1 / 2: 39.5 / 35.0 / 36.8 against the supervised 13.1 / 21.5 / 22.8,

@@ -174,7 +174,8 @@ def pretrain_stand_in(config, world, state_dir: str = "", writer=None):
       raise ValueError(
           f"backbone_pretraining.registers={int(pre.registers)} adds register tokens to the "
           "stand-in a stage continues (backbone_pretraining.start_from), and this stage "
-          "continues none: set backbone.arch.num_registers for a stand-in pretrained from scratch.")
+          "continues none: registers from the first step are the demo's `registers=N` "
+          "(backbone.arch.num_registers).")
     model, params, vit_config = loading.build_backbone(config.backbone, _seed(config))
   warmup_steps = int(pre.get("warmup_steps", 0))
   if warmup_steps:
