@@ -18,6 +18,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from metonymy import allocator
 from metonymy import config_lib
 from metonymy import launcher
 
@@ -43,6 +44,7 @@ def main(argv):
   if _PRINT_CONFIG.value:
     print(config, end="")
     return
+  allocator.log_allocator()
   try:
     launcher.launch(config, _WORKDIR.value, cluster={"coordinator_address": _COORDINATOR.value,
                                                      "num_processes": _NUM_PROCESSES.value,
@@ -122,4 +124,5 @@ def run():
 
 
 if __name__ == "__main__":
+  allocator.use_jemalloc("metonymy.main")  # where installed: twice the steps/s on CPUs
   sys.exit(run())

@@ -131,7 +131,8 @@ def peak_load(machine: Dict, wall_seconds: float) -> Optional[Tuple[float, str]]
 def wall_time_text(wall: str, wall_seconds: float, machine: Dict) -> str:
   """ "Wall time 484 s on 2 cores (load average 3.9 at the end: the cores were shared with other
   jobs)", or "(load average 1.9 at the end: machine otherwise idle)"; without a recorded load
-  (results.json files older than this record) only the cores.
+  (results.json files older than this record) only the cores; the host allocator where recorded
+  (metonymy/allocator.py: a CPU run's time depends on it).
 
   Args:
     wall: the wall time as written ("484 s", "92 min").
@@ -147,4 +148,6 @@ def wall_time_text(wall: str, wall_seconds: float, machine: Dict) -> str:
     own = machine["cores"] + OWN_THREADS * int(machine.get("processes", 1))
     verdict = "the cores were shared with other jobs" if load > own else "machine otherwise idle"
     extra.append(f"load average {load:.1f} {when}: {verdict}")
+  if machine.get("allocator"):
+    extra.append(f"host allocator: {machine['allocator']}")
   return text + (f" ({'; '.join(extra)})" if extra else "")

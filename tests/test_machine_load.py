@@ -17,6 +17,16 @@ def test_cores_and_load_averages_come_from_the_system():
   assert record["load_average_start"] == [0.5, 0.4, 0.3]
   assert record["load_average_end"] is None or len(record["load_average_end"]) == 3
   assert record["processes"] == 1 and machine_load.at_end(None, 2)["processes"] == 2
+  assert record["allocator"] in ("jemalloc", "tcmalloc", "mimalloc", "system malloc")
+
+
+def test_wall_time_names_the_host_allocator_it_was_measured_on():
+  machine = {"cores": 2, "load_average_start": [0.3, 0.2, 0.1],
+             "load_average_end": [1.9, 1.1, 0.5], "allocator": "jemalloc"}
+  assert reporting.wall_time_text("300 s", 300, machine).endswith(
+      "machine otherwise idle; host allocator: jemalloc)")
+  del machine["allocator"]  # results.json files older than the record: nothing said
+  assert "allocator" not in reporting.wall_time_text("300 s", 300, machine)
 
 
 def test_wall_time_says_when_the_cores_were_shared():

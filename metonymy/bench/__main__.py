@@ -1,13 +1,15 @@
 """python -m metonymy.bench vit --model vit_b16 [--batch-size 8] [--image-size 224] [--num-parts 8]
 python -m metonymy.bench probe [--train 6000] [--test 5794] [--parts 8] [--dim 768] [--attributes 248]
 python -m metonymy.bench two_stage --model vit_b16 [--batch-size 8] [--depth 2]
-python -m metonymy.bench suite [--quick] [--model vit_s16 --depth 4 --batch-size 4] [--json PATH]"""
+python -m metonymy.bench suite [--quick] [--model vit_s16 --depth 4 --batch-size 4] [--json PATH]
+python -m metonymy.bench allocator [--steps 40] [--batch-size 32]   # system malloc vs jemalloc"""
 
 import argparse
 import json
 import sys
 
 from metonymy import reporting
+from metonymy.bench import allocator as allocator_bench
 from metonymy.bench import linear_probes
 from metonymy.bench import options as suite_options
 from metonymy.bench import suite
@@ -103,7 +105,20 @@ def main(argv=None) -> int:
   s.add_argument("--readme", default=None,
                  help="write the tables into the bench:suite block of this markdown file "
                       "(docs/benchmarks.md)")
+  a = sub.add_parser("allocator", help="the same training steps on the system's malloc and on "
+                     "jemalloc (steps/s, page faults, identical weights)")
+  a.add_argument("--steps", type=int, default=40)
+  a.add_argument("--batch-size", type=int, default=32)
+  a.add_argument("--image-size", type=int, default=64)
+  a.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+  a.add_argument("--json", default=None, help="also write the results here")
   args = parser.parse_args(argv)
+  if args.bench == "allocator" and args.child:  # One allocator's process (allocator_bench.run).
+    print(json.dumps(allocator_bench.measure_steps(args.steps, args.batch_size, args.image_size)))
+    return 0
+  if args.bench == "allocator":
+    results = allocator_bench.run(args.steps, args.batch_size, args.image_size)
+    print(allocator_bench.format_result(results))
   if args.bench == "vit":
     results = vit_bench.run(args.model, args.batch_size, args.image_size, args.num_parts,
                             args.repeats, args.depth, not args.no_torch, args.threads)
