@@ -275,6 +275,12 @@ MUTANTS: Sequence[Mutant] = (
             "test_a_short_dense_pretraining_lowers_its_loss_and_brings_out_the_parts",),
            "the cross-view terms pair each token with the teacher's at its own place in the view",
            slow=True),
+    Mutant("allocator_purges_its_pages", "metonymy/allocator.py",
+           (('  child.setdefault("MALLOC_CONF", MALLOC_CONF)\n', ''),),
+           ("tests/test_allocator.py::test_reexecutes_on_jemalloc_with_the_command_and_an_"
+            "environment_that_keeps_its_pages",),
+           "jemalloc at its default decay: it purges freed pages, and XLA's steps fault them in "
+           "again"),
 )
 
 
