@@ -118,6 +118,13 @@ def test_block_says_whether_the_machine_was_shared():
   results["backbone"]["pretraining_start"] = "demo_stand_in_v3_world0"
   text = tables.describe(results)
   assert "continuing demo_stand_in_v3_world0" in text and "no labels" not in text
+  assert "beside its attribute term," in text and "register" not in text
+  # Its registers and a lighter attribute term are said.
+  results["backbone"]["attribute_weight"] = 0.1
+  results["backbone"]["arch"]["num_registers"] = 4
+  text = tables.describe(results)
+  assert "depth 4, 4 register tokens) pretrained" in text
+  assert "beside its attribute term at 0.1 of the dense term's weight, continuing" in text
 
 
 def test_position_baseline_rows_of_the_discovery_table():

@@ -164,6 +164,8 @@ def story_results(config, backbone: str, stand_in_record: Optional[Dict], bench:
                        "objective", "attributes")),
                    # The supervised stand-in it continues (attributes_then_dense), if any.
                    "pretraining_start": (record.get("start") or {}).get("source"),
+                   # The attribute term's weight beside a self-supervised one, if any.
+                   "attribute_weight": _attribute_weight(config.backbone_pretraining),
                    "source": record.get("source"),
                    "quality_val": record.get("quality_val")},
       "benchmark": benchmark,
@@ -197,6 +199,13 @@ def story_results(config, backbone: str, stand_in_record: Optional[Dict], bench:
                   "backend": _backend()},
       "date": datetime.datetime.now().isoformat(timespec="seconds"),
   }
+
+
+def _attribute_weight(pretraining) -> Optional[float]:
+  """The attribute term's weight in a self-supervised pretraining block (None: not one)."""
+  if pretraining.get("objective", "attributes") != "self_supervised":
+    return None
+  return float((pretraining.get("self_supervised") or {}).get("attributes", 0.0))
 
 
 def _part_discovery(scalars: Dict[str, float]) -> Dict:

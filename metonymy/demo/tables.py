@@ -109,10 +109,15 @@ def describe(results: Dict) -> str:
              else "on the world's attributes")
   start = results["backbone"].get("pretraining_start")
   if start:  # A stand-in continued from another (stand_in_objective=attributes_then_dense).
-    learned = (f"with the dense self-supervised term beside its attribute term, continuing "
+    weight = results["backbone"].get("attribute_weight")
+    term = ("its attribute term" if weight in (None, 1.0)
+            else f"its attribute term at {weight:g} of the dense term's weight")
+    learned = (f"with the dense self-supervised term beside {term}, continuing "
                f"{start} (pretrained on the world's attributes)")
+  registers = int(arch.get("num_registers") or 0)
   backbone = (f"a ViT (patch {arch.get('patch_size')}, width {arch.get('width')}, depth "
-              f"{arch.get('depth')}) pretrained for {pre} steps {learned}"
+              f"{arch.get('depth')}{f', {registers} register tokens' if registers else ''}) "
+              f"pretrained for {pre} steps {learned}"
               f"{' (' + source + ')' if source else ''}" if pre is not None
               else f"the backbone `{results['backbone']['path']}`")
   return (f"Synthetic parts world (world seed {w.get('seed', 0)}; run seed "
