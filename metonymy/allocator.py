@@ -16,7 +16,6 @@ already preload an allocator. METONYMY_ALLOCATOR=system keeps the system's mallo
 run starts (runs/workers.py) inherit the environment, so they run on it too.
 """
 
-import logging
 import os
 import sys
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
@@ -89,10 +88,6 @@ def describe(env: Mapping[str, str] = os.environ) -> str:
   if allocator == "jemalloc":
     return f"jemalloc (MALLOC_CONF={env.get('MALLOC_CONF', '')})"
   return "the system's malloc" if allocator == "system malloc" else allocator
-
-
-def log_allocator() -> None:
-  logging.info("host allocator: %s (%s=system keeps the system's malloc)", describe(), SWITCH)
 
 
 if __name__ == "__main__":  # `python -m metonymy.allocator`: the allocator a run here gets.

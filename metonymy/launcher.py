@@ -20,6 +20,7 @@ from typing import Any, Dict, Optional
 from absl import logging
 import jax
 
+from metonymy import allocator
 from metonymy import config_checks
 from metonymy import console
 from metonymy import distributed
@@ -111,7 +112,8 @@ def launch(config, workdir, cluster: Optional[Dict[str, Any]] = None) -> Any:
     job = importlib.import_module(JOBS[config.job])
     if not files.is_sub_run:
       console.quiet_library_logs()  # Every job's console: our lines, the libraries' warnings.
-      logging.info("Running job %s in %s", config.job, files)
+      logging.info("Running job %s in %s (host allocator: %s)", config.job, files,
+                   allocator.name())
     if config.job in STAGED_JOBS and not files.is_local:  # Single-host writers of local files.
       with layout.staged_locally(files) as local:
         return job.run(config, layout.Workdir(local))

@@ -44,7 +44,6 @@ def main(argv):
   if _PRINT_CONFIG.value:
     print(config, end="")
     return
-  allocator.log_allocator()
   try:
     launcher.launch(config, _WORKDIR.value, cluster={"coordinator_address": _COORDINATOR.value,
                                                      "num_processes": _NUM_PROCESSES.value,
