@@ -54,9 +54,16 @@ def reexec_command(argv: Sequence[str], env: Mapping[str, str], module: str,
   library = find_jemalloc(env, paths)
   if not library:
     return None
+  return [sys.executable, "-m", module, *argv], jemalloc_env(env, library)
+
+
+def jemalloc_env(env: Mapping[str, str], library: str) -> Dict[str, str]:
+  """`env` with `library` preloaded first, MALLOC_CONF (unless `env` has its own) and the switch
+  saying the process runs on jemalloc (so it does not re-execute again)."""
+  preloaded = env.get("LD_PRELOAD", "")
   child = dict(env, LD_PRELOAD=" ".join(filter(None, (library, preloaded))), **{SWITCH: "jemalloc"})
   child.setdefault("MALLOC_CONF", MALLOC_CONF)
-  return [sys.executable, "-m", module, *argv], child
+  return child
 
 
 def use_jemalloc(module: str) -> None:

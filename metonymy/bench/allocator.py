@@ -79,9 +79,8 @@ def run(steps: int = 40, batch_size: int = 32, image_size: int = 64,
              "system": _child(base, steps, batch_size, image_size), "jemalloc": None}
   library = allocator.find_jemalloc(os.environ) if library is None else library
   if library:
-    env = dict(base, LD_PRELOAD=library, MALLOC_CONF=allocator.MALLOC_CONF,
-               **{allocator.SWITCH: "jemalloc"})
-    results["jemalloc"] = _child(env, steps, batch_size, image_size)
+    results["jemalloc"] = _child(allocator.jemalloc_env(base, library), steps, batch_size,
+                                 image_size)
   return results
 
 
