@@ -184,11 +184,15 @@ def test_the_attribute_term_trains_through_the_cls_head_alone_when_asked():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("objective", ["attributes", "self_supervised"])
+@pytest.mark.parametrize("objective", ["attributes", "self_supervised", "clusters"])
 def test_a_killed_pretraining_resumes_bit_for_bit(tmp_path, objective):
+  """"clusters": the cluster term's centroids are state a resume must restore too."""
   model, params, source, standard = _tiny_pretraining()
-  options = dict(steps=7, batch_size=4, images=8, progress=False, evaluate_every=2,
-                 **(TINY_SELF_SUPERVISED if objective == "self_supervised" else {}))
+  recipe = {"attributes": {}, "self_supervised": TINY_SELF_SUPERVISED,
+            "clusters": dict(TINY_SELF_SUPERVISED, self_supervised_options=dict(
+                TINY_SELF_SUPERVISED["self_supervised_options"], clusters=1.0,
+                cluster_count=4))}[objective]
+  options = dict(steps=7, batch_size=4, images=8, progress=False, evaluate_every=2, **recipe)
   evaluate = lambda step, backbone, heads: {"step": step, "norm": float(
       jnp.linalg.norm(backbone["pos_embed"]))}
   uninterrupted = pretrain.pretrain(model, params, source, standard, evaluate=evaluate, **options)
@@ -497,7 +501,8 @@ def test_the_shipped_continued_stand_in_holds_the_parts_and_keeps_the_attributes
 ADDED_LATER_OTHER_VALUES = {"dense_head": 32, "teacher_centering": "sinkhorn",
                             "dense_target_radius": 1.5, "attribute_heads": "cls",
                             "attribute_block": 3, "correspondence": 0.5,
-                            "correspondence_temperature": 0.1, "correspondence_block": 1}
+                            "correspondence_temperature": 0.1, "correspondence_block": 1,
+                            "clusters": 1.0, "cluster_count": 8, "cluster_momentum": 0.9}
 
 
 @pytest.mark.parametrize("option,other_value", sorted(ADDED_LATER_OTHER_VALUES.items()))

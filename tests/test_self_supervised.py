@@ -440,3 +440,104 @@ def test_sinkhorn_targets_share_the_batch_equally_among_the_prototypes():
   assert float(jnp.abs(grad).max()) == 0.0
   with pytest.raises(ValueError, match="teacher_centering"):
     ssl.Recipe(teacher_centering="median")
+
+
+def _directions(count, dim, seed):
+  """count unit vectors [count, dim], far apart (random in a high dimension)."""
+  d = jax.random.normal(jax.random.PRNGKey(seed), (count, dim))
+  return d / jnp.linalg.norm(d, axis=-1, keepdims=True)
+
+
+def _around(directions, per, noise, seed):
+  """per tokens around each direction, [count * per, dim], in order of direction."""
+  jitter = noise * jax.random.normal(jax.random.PRNGKey(seed),
+                                     (directions.shape[0], per, directions.shape[1]))
+  return (directions[:, None] + jitter).reshape(-1, directions.shape[1])
+
+
+def test_the_first_batch_places_the_centroids_on_its_clusters():
+  directions = _directions(3, 16, 0)
+  tokens = _around(directions, 40, 0.05, 1)
+  used, following = ssl.cluster_centroids(tokens, jnp.zeros((3, 16)), jax.random.PRNGKey(2),
+                                          momentum=0.99)
+  # Each direction has a centroid on it, and the used centroids are the placed ones.
+  assert float(jnp.min(jnp.max(directions @ used.T, axis=1))) > 0.99
+  np.testing.assert_allclose(jnp.linalg.norm(following, axis=-1), 1.0, atol=1e-5)
+  # Placed centroids are kept, not placed again: the next batch's targets use them as given.
+  again, _ = ssl.cluster_centroids(tokens, following, jax.random.PRNGKey(9), momentum=0.99)
+  np.testing.assert_array_equal(again, following)
+
+
+def test_centroids_move_towards_their_tokens_by_the_momentum_and_the_unused_are_redrawn():
+  directions = _directions(3, 16, 3)
+  tokens = jnp.repeat(directions[:2], 5, axis=0)          # two of the three directions only
+  start = jnp.stack([directions[0] + 0.3 * directions[2], directions[1],
+                     -directions[0] - directions[1]])     # the third is nearest no token
+  start = start / jnp.linalg.norm(start, axis=-1, keepdims=True)
+  used, following = ssl.cluster_centroids(tokens, start, jax.random.PRNGKey(4), momentum=0.9)
+  np.testing.assert_array_equal(used, start)
+  expected = 0.9 * start[0] + 0.1 * directions[0]
+  np.testing.assert_allclose(following[0], expected / jnp.linalg.norm(expected), atol=1e-5)
+  np.testing.assert_allclose(following[1], directions[1], atol=1e-5)
+  # The unused centroid is drawn again from the batch's tokens.
+  assert float(jnp.max(tokens @ following[2])) == pytest.approx(1.0, abs=1e-5)
+
+
+def _full_views(batch, grid, patch):
+  """`views`' boxes for two unflipped whole-image crops: token i of one view is token i of the
+  other."""
+  box = jnp.array([0.0, 0.0, grid * patch, grid * patch, 0.0])
+  return {"global": jnp.zeros((2, batch, grid * patch, grid * patch, 3)),
+          "global_boxes": jnp.broadcast_to(box, (2, batch, 5))}
+
+
+def test_the_cluster_target_is_the_centroid_of_the_teacher_s_token_at_the_same_point():
+  """Student tokens on their teacher token's centroid score low; on another centroid, high;
+  and the target comes from the teacher's tokens, not the student's own."""
+  batch, grid, patch = 2, 4, 4
+  directions = _directions(4, 16, 5)
+  # Both global views whole and unflipped: the other view's token at a point is the same image
+  # point's, so each image's labels serve both views.
+  labels = jnp.tile(jax.random.randint(jax.random.PRNGKey(6), (batch, grid * grid), 0, 4),
+                    (2, 1))
+  teacher = directions[labels]
+  recipe = ssl.Recipe(dino=0.0, ibot=0.0, koleo=0.0, clusters=1.0, cluster_count=4,
+                      local_crops=0, student_temperature=0.05)
+  seen = _full_views(batch, grid, patch)
+  term = lambda student: ssl._cluster_term(recipe, student, teacher, directions, seen, batch,
+                                           patch, None, jax.random.PRNGKey(0))
+  right, _, watch = term(teacher)
+  wrong, _, _ = term(directions[(labels + 1) % 4])
+  assert float(right) < 0.01 < 1.0 < float(wrong)
+  shares = np.bincount(np.asarray(labels).ravel(), minlength=4) / labels.size
+  assert float(watch["largest_share"]) == pytest.approx(shares.max())
+  # No centroid is owed a share: a batch on one centroid keeps it all.
+  _, _, one = ssl._cluster_term(recipe, teacher, jnp.broadcast_to(directions[0], teacher.shape),
+                                directions, seen, batch, patch, None, jax.random.PRNGKey(0))
+  assert float(one["largest_share"]) == 1.0 and float(one["share_entropy"]) == 0.0
+
+
+@pytest.mark.slow
+def test_the_cluster_term_trains_the_student_not_the_centroids():
+  """The centroids are state: the loss sends them no gradient, the student's tokens get one,
+  and the objective hands the next step's centroids back for the trainer to keep."""
+  model, params, config = _tiny()
+  recipe = ssl.Recipe(dino=0.0, ibot=0.0, koleo=0.0, clusters=1.0, cluster_count=4,
+                      local_crops=2, local_size=8)
+  trainable = {"backbone": params, **ssl.init_heads(recipe, jax.random.PRNGKey(3), config.width,
+                                                    config.patch_size)}
+  teacher = ssl.teacher_part(trainable)
+  images = jax.random.normal(jax.random.PRNGKey(4), (4, 16, 16, 3))
+  center = ssl.centers(recipe, config.width)
+  assert center["clusters"].shape == (4, config.width)
+  run = lambda p, c: ssl.objective(model, recipe, p, teacher, c, images,
+                                   jax.random.PRNGKey(5), 0, 10)
+  (loss, aux), grads = jax.value_and_grad(run, has_aux=True)(trainable, center)
+  assert float(optax.global_norm(grads["backbone"])) > 0.0
+  centroid_grad = jax.grad(lambda c: run(trainable, {"clusters": c})[0])(aux["centroids"])
+  np.testing.assert_array_equal(centroid_grad, 0.0)
+  np.testing.assert_allclose(jnp.linalg.norm(aux["centroids"], axis=-1), 1.0, atol=1e-5)
+  assert 0.0 < float(aux["clusters/share_entropy"]) <= np.log(4) + 1e-6
+  # The trainer's state keeps the centroids beside the heads' centres.
+  kept = ssl.updated_centers({"clusters": aux["centroids"]}, {}, 0.9)
+  np.testing.assert_array_equal(kept["clusters"], aux["centroids"])

@@ -245,7 +245,8 @@ def pretrain(model, params, source, transforms, *, steps: int, batch_size: int =
       trainable["attribute_heads"] = heads
     teacher = (jax.tree.map(jnp.array, self_supervised.teacher_part(trainable))
                if recipe.distills else {})
-    carry = (trainable, tx.init(trainable), teacher, self_supervised.centers(recipe))
+    carry = (trainable, tx.init(trainable), teacher,
+             self_supervised.centers(recipe, model.config.width))
 
     @jax.jit
     def step(carry, xb, yb, vb, rng, index):
@@ -265,6 +266,8 @@ def pretrain(model, params, source, transforms, *, steps: int, batch_size: int =
                                       self_supervised.teacher_momentum(recipe, index, steps))
       center = self_supervised.updated_centers(center, aux.pop("teacher_scores"),
                                                recipe.center_momentum)
+      if "centroids" in aux:  # The cluster term's online k-means, one step on.
+        center = {**center, "clusters": aux.pop("centroids")}
       return (trainable, opt_state, teacher, center), value, aux
     backbone_of = lambda carry: (carry[2] if recipe.distills else carry[0])["backbone"]
     heads_of = lambda carry: carry[0].get("attribute_heads") or {}

@@ -35,6 +35,16 @@ A student ViT and an exponential-moving-average (EMA) teacher see different view
              cannot (STEGO's correspondence distillation, Hamilton et al. 2022, as a term on the
              backbone; the within-image dense term keeps tokens that are all alike from meeting
              it); with `correspondence_block` the target's similarities are an earlier block's;
+  clusters   across images, by online spherical k-means: `cluster_count` centroids follow the
+             teacher's last-block patch tokens of every global view (each step moves a centroid
+             `cluster_momentum` of the way less towards the mean of the tokens nearest it; a
+             centroid no token chose is drawn again from the batch), and every student token
+             predicts, as a softmax over its cosines with the centroids, the centroid of the
+             other global view's teacher token at its image point: PiCIE's cluster targets
+             across photometric and geometric views (Cho et al. 2021), online. Unlike Sinkhorn's
+             targets no centroid is owed a share of the tokens, so the background (most of the
+             patches) may keep a few; unlike the dense term, two points of one part may share a
+             target, and a part's tokens in two images must;
   attributes the image-level attribute losses of the supervised recipe (training/pretraining.py's
              heads), on the whole image, for the arms that combine both.
 
@@ -380,10 +390,53 @@ def init_heads(recipe: Recipe, rng: jax.Array, width: int, patch: int) -> Dict:
   return params
 
 
-def centers(recipe: Recipe) -> Dict[str, jnp.ndarray]:
-  """The teacher's running score means (DINO's centre), one per distillation head."""
-  return {name: jnp.zeros((recipe.prototypes,)) for name in heads(recipe)
-          if name != "dense_head"}
+def centers(recipe: Recipe, width: int = 0) -> Dict[str, jnp.ndarray]:
+  """The running state beside the teacher: its score means (DINO's centre), one per
+  distillation head, and with the cluster term its centroids ("clusters" [cluster_count, width],
+  zeros until the first batch places them: `cluster_centroids`)."""
+  out = {name: jnp.zeros((recipe.prototypes,)) for name in heads(recipe)
+         if name != "dense_head"}
+  if recipe.clusters > 0:
+    if width <= 0:
+      raise ValueError("the cluster term's centroids need the backbone's width")
+    out["clusters"] = jnp.zeros((recipe.cluster_count, width))
+  return out
+
+
+def _assigned(tokens: jnp.ndarray, centroids: jnp.ndarray
+              ) -> Tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+  """tokens [M, D], centroids [C, D], both unit -> (nearest centroid int [M], the sum of each
+  centroid's tokens [C, D], their count [C])."""
+  nearest = jnp.argmax(tokens @ centroids.T, -1)
+  members = jax.nn.one_hot(nearest, centroids.shape[0], dtype=tokens.dtype)
+  return nearest, members.T @ tokens, jnp.sum(members, 0)
+
+
+def cluster_centroids(tokens: jnp.ndarray, centroids: jnp.ndarray, rng: jax.Array,
+                      momentum: float, iterations: int = 10
+                      ) -> Tuple[jnp.ndarray, jnp.ndarray]:
+  """One step of online spherical k-means. tokens [M, D] (the teacher's, no gradient),
+  centroids [C, D] (all zeros before the first step) -> (the centroids the batch's targets use
+  [C, D]: the given ones, or on the first step `iterations` of Lloyd's on the batch from C of
+  its tokens drawn at random; the centroids for the next step [C, D]: each moved towards the
+  mean of its tokens, momentum m ... + (1 - m) ..., back on the sphere, and one that no token
+  chose drawn again from the batch's tokens)."""
+  tokens = _unit(jax.lax.stop_gradient(tokens))
+  r_start, r_dead = jax.random.split(rng)
+  count = centroids.shape[0]
+
+  def lloyd(centroids):
+    def one(_, c):
+      _, sums, counts = _assigned(tokens, c)
+      return jnp.where(counts[:, None] > 0, _unit(sums), c)
+    start = tokens[jax.random.choice(r_start, tokens.shape[0], (count,), replace=False)]
+    return jax.lax.fori_loop(0, iterations, one, start)
+
+  used = jax.lax.cond(jnp.all(centroids == 0), lloyd, lambda c: c, centroids)
+  _, sums, counts = _assigned(tokens, used)
+  moved = _unit(momentum * used + (1.0 - momentum) * _unit(sums))
+  redrawn = tokens[jax.random.randint(r_dead, (count,), 0, tokens.shape[0])]
+  return used, jnp.where(counts[:, None] > 0, moved, redrawn)
 
 
 def statistics_of(probs: jnp.ndarray) -> Dict[str, jnp.ndarray]:
@@ -425,7 +478,7 @@ def objective(model, recipe: Recipe, params: Dict, teacher: Optional[Dict],
                            return_intermediates=recipe.correspondence_block > 0)
   local_out = None
   if "local" in seen and (recipe.dino > 0 or recipe.dense > 0 or recipe.correspondence > 0
-                          or recipe.patch_views == "cross"):
+                          or recipe.clusters > 0 or recipe.patch_views == "cross"):
     local_out = backbone(params["backbone"],
                          seen["local"].reshape((-1,) + seen["local"].shape[2:]))
   if recipe.dino > 0:
@@ -484,6 +537,12 @@ def objective(model, recipe: Recipe, params: Dict, teacher: Optional[Dict],
       terms["correspondence"] = _correspondence_term(recipe, student_tokens, teacher_tokens,
                                                      seen, batch, model.config.patch_size,
                                                      local_tokens, target_tokens)
+  if recipe.clusters > 0:
+    terms["clusters"], aux["centroids"], watch = _cluster_term(
+        recipe, student["patch_tokens"], teacher_out["patch_tokens"], center["clusters"], seen,
+        batch, model.config.patch_size,
+        None if local_out is None else local_out["patch_tokens"], jax.random.fold_in(rng, 7))
+    aux.update({f"clusters/{k}": v for k, v in watch.items()})
   if recipe.koleo > 0:
     cls = student["prefix_tokens"][:, 0].reshape(2, batch, -1)
     terms["koleo"] = (koleo_loss(cls[0]) + koleo_loss(cls[1])) / 2.0
@@ -599,9 +658,33 @@ def _correspondence_term(recipe: Recipe, global_tokens: jnp.ndarray,
   return _cross_view_pairs(recipe, global_tokens, paired, seen, batch, patch, local_tokens, term)
 
 
+def _cluster_term(recipe: Recipe, global_tokens: jnp.ndarray, teacher_tokens: jnp.ndarray,
+                  centroids: jnp.ndarray, seen: Dict[str, jnp.ndarray], batch: int, patch: int,
+                  local_tokens: Optional[jnp.ndarray], rng: jax.Array
+                  ) -> Tuple[jnp.ndarray, jnp.ndarray, Dict[str, jnp.ndarray]]:
+  """(the cluster term, the next step's centroids [C, D], its collapse watch). Student tokens
+  (global [2B, N, D], local [L B, n, D] or None) score their cosines with the centroids; the
+  target is the centroid nearest the other global view's teacher token [2B, N, D] at the same
+  image point, one-hot. Watch: the entropy of the batch's centroid shares (log C: all used
+  alike; 0: one centroid holds every token) and the largest share."""
+  width = teacher_tokens.shape[-1]
+  flat = teacher_tokens.reshape(-1, width)
+  used, following = cluster_centroids(flat, centroids, rng, recipe.cluster_momentum)
+  nearest, _, counts = _assigned(_unit(jax.lax.stop_gradient(flat)), used)
+  targets = jax.nn.one_hot(nearest, used.shape[0]).reshape(teacher_tokens.shape[:-1] + (-1,))
+  score = lambda tokens: _unit(tokens) @ jax.lax.stop_gradient(used).T
+  term = _cross_view_patch_loss(recipe, score(global_tokens), targets, seen, batch, patch,
+                                None if local_tokens is None else score(local_tokens))
+  shares = counts / jnp.sum(counts)
+  watch = {"share_entropy": -jnp.sum(shares * jnp.log(shares + 1e-12)),
+           "largest_share": jnp.max(shares)}
+  return term, following, watch
+
+
 def updated_centers(center: Dict[str, jnp.ndarray], teacher_scores: Dict[str, jnp.ndarray],
                     momentum: float) -> Dict[str, jnp.ndarray]:
-  """center <- momentum center + (1 - momentum) mean(teacher scores over every item)."""
-  return {name: momentum * center[name] + (1.0 - momentum)
-          * jnp.mean(scores.reshape(-1, scores.shape[-1]), 0)
-          for name, scores in teacher_scores.items()}
+  """center <- momentum center + (1 - momentum) mean(teacher scores over every item), for each
+  head in teacher_scores; the other entries (the cluster term's centroids) as they were."""
+  return {**center, **{name: momentum * center[name] + (1.0 - momentum)
+                       * jnp.mean(scores.reshape(-1, scores.shape[-1]), 0)
+                       for name, scores in teacher_scores.items()}}

@@ -7,7 +7,8 @@ command-line override of one is checked like any other key.
 import dataclasses
 from typing import Tuple
 
-OBJECTIVES = ("dino", "ibot", "koleo", "pixels", "dense", "correspondence", "attributes")
+OBJECTIVES = ("dino", "ibot", "koleo", "pixels", "dense", "correspondence", "clusters",
+              "attributes")
 PIXEL_TARGETS = ("image", "patch")
 PATCH_LOSSES = ("masked", "all")
 PATCH_VIEWS = ("same", "cross")
@@ -19,7 +20,8 @@ ATTRIBUTE_HEADS = ("cls_and_parts", "cls")
 ADDED_LATER = {"dense_head": 0, "teacher_centering": "mean", "dense_target_radius": 0.0,
                "attribute_heads": "cls_and_parts", "attribute_block": 0,
                "correspondence": 0.0, "correspondence_temperature": 0.05,
-               "correspondence_block": 0}
+               "correspondence_block": 0, "clusters": 0.0, "cluster_count": 16,
+               "cluster_momentum": 0.99}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +33,7 @@ class Recipe:
   pixels: float = 0.0
   dense: float = 0.0
   correspondence: float = 0.0
+  clusters: float = 0.0
   attributes: float = 0.0
   pixel_target: str = "image"
   prototypes: int = 256
@@ -78,6 +81,13 @@ class Recipe:
   # another image may be the same part more often than the last block's (docs/experiments.md),
   # as STEGO takes its target from a backbone other than the features it trains.
   correspondence_block: int = 0
+  # The cluster term's centroids (`cluster_term`): how many, on the unit sphere of the teacher's
+  # last-block patch tokens, every token of the batch's images included (background too, so more
+  # than the parts: a plain region of a part need not share a centroid with another region).
+  cluster_count: int = 16
+  # Each step moves a centroid this far towards the mean of the teacher's tokens it holds in the
+  # batch (online spherical k-means); 0 would let one batch decide.
+  cluster_momentum: float = 0.99
   # How the teacher's distributions are kept from one prototype winning everything: "mean",
   # DINO's running centre subtracted from the scores; "sinkhorn", DINOv2's Sinkhorn-Knopp over the
   # batch (every prototype takes an equal share of the batch's items: of its images for the CLS
@@ -132,6 +142,10 @@ class Recipe:
     if self.correspondence_block < 0:
       raise ValueError("correspondence_block must be 0 (the last) or a block >= 1, got "
                        f"{self.correspondence_block}")
+    if self.cluster_count < 2:
+      raise ValueError(f"cluster_count must be 2 or more, got {self.cluster_count}")
+    if not 0.0 <= self.cluster_momentum < 1.0:
+      raise ValueError(f"cluster_momentum must be in [0, 1), got {self.cluster_momentum}")
     if self.dense_head < 0:
       raise ValueError(f"dense_head must be 0 (no head) or a width > 0, got {self.dense_head}")
     if all(getattr(self, name) == 0 for name in OBJECTIVES):
@@ -143,8 +157,9 @@ class Recipe:
 
   @property
   def distills(self) -> bool:
-    """Whether a teacher is needed (DINO, iBOT, the dense or the correspondence term)."""
-    return self.dino > 0 or self.ibot > 0 or self.dense > 0 or self.correspondence > 0
+    """Whether a teacher is needed (DINO, iBOT, the dense, correspondence or cluster term)."""
+    return (self.dino > 0 or self.ibot > 0 or self.dense > 0 or self.correspondence > 0
+            or self.clusters > 0)
 
   @property
   def masks(self) -> bool:
