@@ -38,7 +38,10 @@ self-supervised one, SELF_SUPERVISED below; the supervised one continued by the 
 ATTRIBUTES_THEN_DENSE, the default; each shipped for world seeds 0-2, else pretrained first,
 which docs/experiments.md times); `registers=N`, the stand-in's register tokens beside CLS from
 its first pretraining step (Darcet et al. 2024; DINOv2 with registers has 4), shipped under its
-name with `_reg<N>` (`registered_name`); -1 (the default): the objective's own (WORLDS), 0: none.
+name with `_reg<N>` (`registered_name`); -1 (the default): the objective's own (WORLDS), 0: none;
+`dense_stages=N` (attributes_then_dense only), how many times the dense stage runs, each a cycle
+of its own (schedule, teacher) continuing the stand-in the one before made (shipped for each N
+with `_stage<N>` in its name when N > 1: `staged_name`); -1 (the default): the world's own.
 """
 
 import ml_collections
@@ -225,9 +228,18 @@ def registered_name(stand_in_name: str, registers: int) -> str:
   return stand_in_name.replace("_world{seed}", f"_reg{registers}_world{{seed}}")
 
 
+def staged_name(stand_in_name: str, stage: int) -> str:
+  """The shipped name of the stand-in made by dense stage `stage` (1: the name itself; N > 1:
+  `_stage<N>` before `_world{seed}`), so every stage's stand-in ships beside the one it
+  continues."""
+  if stage <= 1:
+    return stand_in_name
+  return stand_in_name.replace("_world{seed}", f"_stage{stage}_world{{seed}}")
+
+
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
   arg = config_lib.parse_arg(arg, tiny=False, stand_in=False, world=WORLD, stand_in_objective="",
-                             registers=-1)
+                             registers=-1, dense_stages=-1)
   if arg.world not in WORLDS:
     raise ValueError(f"Config argument world={arg.world!r}: expected one of {sorted(WORLDS)}.")
   chosen = dict(WORLDS[arg.world])
@@ -240,6 +252,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   if objective != "attributes":
     chosen.update(chosen[objective])
   registers = arg.registers if arg.registers >= 0 else chosen.get("registers", 0)
+  dense_stages = (arg.dense_stages if arg.dense_stages >= 0
+                  else chosen.get("dense_stages", 1) if objective == "attributes_then_dense"
+                  else 1)
+  if dense_stages < 1 or (dense_stages > 1 and objective != "attributes_then_dense"):
+    raise ValueError(f"Config argument dense_stages={arg.dense_stages}: expected 1 or more, and "
+                     "more than 1 only with stand_in_objective=attributes_then_dense.")
   size = dict(SIZES["tiny" if arg.tiny else "full"], world_options=chosen["options"])
   if not arg.tiny:  # A world's own stand-in schedule and training budget.
     size.update({k: chosen[k] for k in ("pretrain_steps", "single_steps", "two_stage_steps")
@@ -287,8 +305,16 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
           WORLDS[arg.world], size, shipped=not arg.tiny)
       config.backbone_pretraining.start_from.stand_in_name = registered_name(supervised_name,
                                                                              registers)
+      for stage in range(2, dense_stages + 1):
+        # The same dense stage again from the stand-in the one before made: a fresh schedule and
+        # teacher, where one stage's curve had flattened (docs/experiments.md).
+        earlier = config.backbone_pretraining.to_dict()
+        earlier.update(shipped=not arg.tiny, stand_in_name=staged_name(
+            registered_name(chosen["stand_in_name"], registers), stage - 1))
+        config.backbone_pretraining.start_from = earlier
   # The shipped stand-ins of this world: metonymy/assets/<name>.{npz,json}, per world seed.
-  config.stand_in_name = registered_name(chosen["stand_in_name"], registers)
+  config.stand_in_name = staged_name(registered_name(chosen["stand_in_name"], registers),
+                                     dense_stages)
   # mode "stand_in" writes the pretrained stand-in to this path prefix (.npz + .json).
   config.stand_in_output = ""
   config.benchmark = benchmark_config(size, world_options)

@@ -31,7 +31,9 @@ arg: `small` (a tiny world, 2 run seeds, seconds of training: the test), `world=
 `priors=paper|off`, `split=val|test` (the evaluation split of the training runs and the probe;
 val for counterfactuals), `stand_in_objective=attributes|self_supervised|attributes_then_dense`
 (configs/demo.py's stand-ins: from attributes, self-supervised, or the first continued by the
-dense term), `registers=N` (the stand-in's register tokens, configs/demo.py's; -1: its own).
+dense term), `registers=N` (the stand-in's register tokens, configs/demo.py's; -1: its own),
+`dense_stages=N` (how many dense stages the continued stand-in had, configs/demo.py's; -1: its
+own).
 """
 
 import ml_collections
@@ -47,7 +49,7 @@ PRIORS = "paper"
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
   arg = config_lib.parse_arg(arg, small=False, paper_stage2_rate=False, priors=PRIORS,
                              split="test", demo_length=False, world="", stand_in_objective="",
-                             registers=-1)
+                             registers=-1, dense_stages=-1)
   if arg.priors not in ("paper", "off"):
     raise ValueError(f"Config argument priors={arg.priors!r}: expected 'paper' or 'off'.")
   if arg.split not in ("val", "test"):
@@ -56,7 +58,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       __file__, "demo", ",".join(["tiny"] * arg.small + [f"world={arg.world}"] * bool(arg.world) +
                                  [f"stand_in_objective={arg.stand_in_objective}"]
                                  * bool(arg.stand_in_objective) +
-                                 [f"registers={arg.registers}"] * (arg.registers >= 0)))
+                                 [f"registers={arg.registers}"] * (arg.registers >= 0) +
+                                 [f"dense_stages={arg.dense_stages}"] * (arg.dense_stages >= 0)))
   config = ml_collections.ConfigDict()
   config.job = "table3"
   config.seeds = (0, 1) if arg.small else (0, 1, 2)  # run seeds, each paired across variants

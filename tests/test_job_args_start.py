@@ -30,10 +30,10 @@ RUNS = {
     "demo": ("tiny,world=v1", "tiny,world=v2",
              "tiny,world=v3,stand_in_objective=self_supervised",
              "tiny,stand_in_objective=attributes",
-             "tiny,stand_in,stand_in_objective=attributes_then_dense,registers=2"),
+             "tiny,stand_in,stand_in_objective=attributes_then_dense,registers=2,dense_stages=2"),
     "synthetic_table3": (
         "small,world=v3,split=val,priors=off,paper_stage2_rate,demo_length,"
-        "stand_in_objective=attributes_then_dense",
+        "stand_in_objective=attributes_then_dense,dense_stages=2",
         "small,world=v1,priors=paper,split=test",
         "small,world=v2,stand_in_objective=attributes,registers=2",
         "small,stand_in_objective=self_supervised"),

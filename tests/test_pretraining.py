@@ -640,6 +640,34 @@ def test_the_attributes_then_dense_stand_in_starts_from_the_shipped_supervised_o
   assert not remake.backbone_pretraining.shipped
 
 
+@pytest.mark.parametrize("seed", (0, 1, 2))
+def test_a_second_dense_stage_continues_the_shipped_continued_stand_in(seed):
+  """`dense_stages=2` runs the dense stage again from the stand-in the first one made: its start
+  is the shipped continued file (its recipe matches, so no hour of pretraining first), its own
+  recipe the same stage's options, and it ships under its own name."""
+  config = config_lib.load_sibling_config(CONFIG_FILE, "demo",
+                                          "stand_in_objective=attributes_then_dense,dense_stages=2")
+  config.world.seed = seed
+  one = config_lib.load_sibling_config(CONFIG_FILE, "demo", "stand_in_objective=attributes_then_dense")
+  one.world.seed = seed
+  assert config.stand_in_name == "demo_stand_in_v3_dense_stage2_world{seed}"
+  start = stand_in.start_config(config)
+  assert start.stand_in_name == one.stand_in_name
+  prefix, _, matches = stand_in.shipped_record(start, start.world)
+  assert matches and prefix == stand_in.shipped_stand_in(one, seed)
+  assert stand_in.stand_in_recipe(start, start.world) == stand_in.stand_in_recipe(one, one.world)
+  outer = stand_in.stand_in_recipe(config, config.world)["pretraining"]
+  inner = dict(outer["start_from"])
+  assert {k: v for k, v in outer.items() if k != "start_from"} == {
+      k: v for k, v in inner.items() if k != "start_from"}
+  assert stand_in.dense_stages(config) == 2 and stand_in.dense_stages(one) == 1
+  assert ",dense_stages=2 " in stand_in.stand_in_command(config, config.world)
+  assert "dense_stages" not in stand_in.stand_in_command(one, one.world)
+  with pytest.raises(ValueError, match="dense_stages=2: .*attributes_then_dense"):
+    config_lib.load_sibling_config(CONFIG_FILE, "demo", "stand_in_objective=attributes,"
+                                   "dense_stages=2")
+
+
 @pytest.mark.slow
 def test_a_stand_in_that_continues_another_starts_from_its_weights():
   """With no steps of its own, the stand-in is its start bit for bit: the dense stage continues

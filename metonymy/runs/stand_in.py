@@ -51,12 +51,24 @@ def objective_name(config) -> str:
   return config.backbone_pretraining.get("objective", "attributes")
 
 
+def dense_stages(config) -> int:
+  """How many stages continue the first stand-in (configs/demo.py `dense_stages`): the length
+  of the backbone_pretraining.start_from chain."""
+  stages, pre = 0, config.backbone_pretraining
+  while pre.get("start_from"):
+    stages, pre = stages + 1, pre.start_from
+  return stages
+
+
 def stand_in_command(config, world) -> str:
   """The command that pretrains this stand-in anew (mode "stand_in")."""
   arg = "stand_in" + (f",world={config.world_name}" if config.get("world_name", "v1") != "v1"
                       else "")
   arg += f",stand_in_objective={objective_name(config)}"
   arg += f",registers={int(config.backbone.arch.get('num_registers', 0))}"
+  stages = dense_stages(config)
+  if stages > 1:  # Left out at 1, as the commands of the stand-ins shipped before it read.
+    arg += f",dense_stages={stages}"
   return (f"python -m metonymy.main --config=configs/demo.py:{arg} "
           f"--config.world.seed={int(world.seed)} --workdir=DIR")
 
