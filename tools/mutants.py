@@ -281,6 +281,12 @@ MUTANTS: Sequence[Mutant] = (
             "environment_that_keeps_its_pages",),
            "jemalloc at its default decay: it purges freed pages, and XLA's steps fault them in "
            "again"),
+    Mutant("cluster_target_from_the_student", "metonymy/training/self_supervised.py",
+           (("  flat = teacher_tokens.reshape(-1, width)", "  flat = global_tokens.reshape(-1, width)"),),
+           ("tests/test_self_supervised.py::test_the_cluster_target_is_the_centroid_of_the_"
+            "teacher_s_token_at_the_same_point",),
+           "the cluster term's centroids and targets from the student's own tokens: a target "
+           "the student meets by not moving"),
 )
 
 
