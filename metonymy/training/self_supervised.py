@@ -36,11 +36,11 @@ A student ViT and an exponential-moving-average (EMA) teacher see different view
              backbone; the within-image dense term keeps tokens that are all alike from meeting
              it); with `correspondence_block` the target's similarities are an earlier block's;
   clusters   across images, by online spherical k-means: `cluster_count` centroids follow the
-             teacher's last-block patch tokens of every global view (each step moves a centroid
-             `cluster_momentum` of the way less towards the mean of the tokens nearest it; a
-             centroid no token chose is drawn again from the batch), and every student token
-             predicts, as a softmax over its cosines with the centroids, the centroid of the
-             other global view's teacher token at its image point: PiCIE's cluster targets
+             teacher's last-block patch tokens of every global view (each step a centroid becomes
+             m itself + (1 - m) the mean of the tokens nearest it, m `cluster_momentum`, back on
+             the sphere; a centroid no token chose is drawn again from the batch), and every
+             student token predicts, as a softmax over its cosines with the centroids, the
+             centroid of the other global view's teacher token at its image point: PiCIE's cluster targets
              across photometric and geometric views (Cho et al. 2021), online. Unlike Sinkhorn's
              targets no centroid is owed a share of the tokens, so the background (most of the
              patches) may keep a few; unlike the dense term, two points of one part may share a
