@@ -458,13 +458,13 @@ def _around(directions, per, noise, seed):
 def test_the_first_batch_places_the_centroids_on_its_clusters():
   directions = _directions(3, 16, 0)
   tokens = _around(directions, 40, 0.05, 1)
-  used, following = ssl.cluster_centroids(tokens, jnp.zeros((3, 16)), jax.random.PRNGKey(2),
-                                          momentum=0.99)
+  used, following, _ = ssl.cluster_centroids(tokens, jnp.zeros((3, 16)),
+                                             jax.random.PRNGKey(2), momentum=0.99)
   # Each direction has a centroid on it, and the used centroids are the placed ones.
   assert float(jnp.min(jnp.max(directions @ used.T, axis=1))) > 0.99
   np.testing.assert_allclose(jnp.linalg.norm(following, axis=-1), 1.0, atol=1e-5)
   # Placed centroids are kept, not placed again: the next batch's targets use them as given.
-  again, _ = ssl.cluster_centroids(tokens, following, jax.random.PRNGKey(9), momentum=0.99)
+  again, _, _ = ssl.cluster_centroids(tokens, following, jax.random.PRNGKey(9), momentum=0.99)
   np.testing.assert_array_equal(again, following)
 
 
@@ -474,7 +474,7 @@ def test_centroids_move_towards_their_tokens_by_the_momentum_and_the_unused_are_
   start = jnp.stack([directions[0] + 0.3 * directions[2], directions[1],
                      -directions[0] - directions[1]])     # the third is nearest no token
   start = start / jnp.linalg.norm(start, axis=-1, keepdims=True)
-  used, following = ssl.cluster_centroids(tokens, start, jax.random.PRNGKey(4), momentum=0.9)
+  used, following, _ = ssl.cluster_centroids(tokens, start, jax.random.PRNGKey(4), momentum=0.9)
   np.testing.assert_array_equal(used, start)
   expected = 0.9 * start[0] + 0.1 * directions[0]
   np.testing.assert_allclose(following[0], expected / jnp.linalg.norm(expected), atol=1e-5)

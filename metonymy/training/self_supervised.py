@@ -40,11 +40,11 @@ A student ViT and an exponential-moving-average (EMA) teacher see different view
              m itself + (1 - m) the mean of the tokens nearest it, m `cluster_momentum`, back on
              the sphere; a centroid no token chose is drawn again from the batch), and every
              student token predicts, as a softmax over its cosines with the centroids, the
-             centroid of the other global view's teacher token at its image point: PiCIE's cluster targets
-             across photometric and geometric views (Cho et al. 2021), online. Unlike Sinkhorn's
-             targets no centroid is owed a share of the tokens, so the background (most of the
-             patches) may keep a few; unlike the dense term, two points of one part may share a
-             target, and a part's tokens in two images must;
+             centroid of the other global view's teacher token at its image point: PiCIE's
+             cluster targets across photometric and geometric views (Cho et al. 2021), online.
+             Unlike Sinkhorn's targets no centroid is owed a share of the tokens, so the
+             background (most of the patches) may keep a few; unlike the dense term, two points
+             of one part may share a target, and a part's tokens in two images must;
   attributes the image-level attribute losses of the supervised recipe (training/pretraining.py's
              heads), on the whole image, for the arms that combine both.
 
@@ -414,13 +414,14 @@ def _assigned(tokens: jnp.ndarray, centroids: jnp.ndarray
 
 def cluster_centroids(tokens: jnp.ndarray, centroids: jnp.ndarray, rng: jax.Array,
                       momentum: float, iterations: int = 10
-                      ) -> Tuple[jnp.ndarray, jnp.ndarray]:
+                      ) -> Tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
   """One step of online spherical k-means. tokens [M, D] (the teacher's, no gradient),
   centroids [C, D] (all zeros before the first step) -> (the centroids the batch's targets use
   [C, D]: the given ones, or on the first step `iterations` of Lloyd's on the batch from C of
   its tokens drawn at random; the centroids for the next step [C, D]: each moved towards the
   mean of its tokens, momentum m ... + (1 - m) ..., back on the sphere, and one that no token
-  chose drawn again from the batch's tokens)."""
+  chose drawn again from the batch's tokens; each token's nearest of the used centroids, int
+  [M])."""
   tokens = _unit(jax.lax.stop_gradient(tokens))
   r_start, r_dead = jax.random.split(rng)
   count = centroids.shape[0]
@@ -433,10 +434,10 @@ def cluster_centroids(tokens: jnp.ndarray, centroids: jnp.ndarray, rng: jax.Arra
     return jax.lax.fori_loop(0, iterations, one, start)
 
   used = jax.lax.cond(jnp.all(centroids == 0), lloyd, lambda c: c, centroids)
-  _, sums, counts = _assigned(tokens, used)
+  nearest, sums, counts = _assigned(tokens, used)
   moved = _unit(momentum * used + (1.0 - momentum) * _unit(sums))
   redrawn = tokens[jax.random.randint(r_dead, (count,), 0, tokens.shape[0])]
-  return used, jnp.where(counts[:, None] > 0, moved, redrawn)
+  return used, jnp.where(counts[:, None] > 0, moved, redrawn), nearest
 
 
 def statistics_of(probs: jnp.ndarray) -> Dict[str, jnp.ndarray]:
@@ -669,8 +670,8 @@ def _cluster_term(recipe: Recipe, global_tokens: jnp.ndarray, teacher_tokens: jn
   alike; 0: one centroid holds every token) and the largest share."""
   width = teacher_tokens.shape[-1]
   flat = teacher_tokens.reshape(-1, width)
-  used, following = cluster_centroids(flat, centroids, rng, recipe.cluster_momentum)
-  nearest, _, counts = _assigned(_unit(jax.lax.stop_gradient(flat)), used)
+  used, following, nearest = cluster_centroids(flat, centroids, rng, recipe.cluster_momentum)
+  counts = jnp.bincount(nearest, length=used.shape[0])
   targets = jax.nn.one_hot(nearest, used.shape[0]).reshape(teacher_tokens.shape[:-1] + (-1,))
   score = lambda tokens: _unit(tokens) @ jax.lax.stop_gradient(used).T
   term = _cross_view_patch_loss(recipe, score(global_tokens), targets, seen, batch, patch,

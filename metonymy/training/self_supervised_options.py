@@ -81,9 +81,10 @@ class Recipe:
   # another image may be the same part more often than the last block's (docs/experiments.md),
   # as STEGO takes its target from a backbone other than the features it trains.
   correspondence_block: int = 0
-  # The cluster term's centroids (`cluster_term`): how many, on the unit sphere of the teacher's
-  # last-block patch tokens, every token of the batch's images included (background too, so more
-  # than the parts: a plain region of a part need not share a centroid with another region).
+  # The cluster term's centroids (training/self_supervised.py `cluster_centroids`): how many, on
+  # the unit sphere of the teacher's last-block patch tokens, every token of the batch's images
+  # included (background too, so more than the parts: a plain region of a part need not share a
+  # centroid with another region).
   cluster_count: int = 16
   # Each step moves a centroid this far towards the mean of the teacher's tokens it holds in the
   # batch (online spherical k-means); 0 would let one batch decide.
