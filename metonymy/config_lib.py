@@ -318,6 +318,10 @@ def part_losses(orthogonality: str = "decorrelated") -> ml_collections.ConfigDic
     shared LayerNorm, where PDiscoFormer applies its loss).
   equivariance: PDiscoFormer's random affine: rotation +-degrees, translation +-translate of the
     image size, scale in `scale`.
+  prior_decay: a counterfactual, off by default (the paper and PDiscoFormer keep the weights
+    fixed): from `start` (a fraction of the run's steps) every prior's weight falls on a half
+    cosine to `final` times itself at the last step (objective.prior_scale), so that the
+    attribute losses, Stage 2's among them, can move parts the priors have placed.
   """
   return ml_collections.ConfigDict({
       "weights": {"attribute": 1.0, "orthogonality": 1.0, "total_variation": 1.0,
@@ -326,6 +330,7 @@ def part_losses(orthogonality: str = "decorrelated") -> ml_collections.ConfigDic
       "orthogonality": orthogonality,
       "orthogonality_on": "embeddings",
       "equivariance": {"degrees": 90.0, "translate": 0.11, "scale": (0.8, 1.4)},
+      "prior_decay": {"start": 1.0, "final": 1.0},
   })
 
 

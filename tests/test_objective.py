@@ -65,3 +65,36 @@ def test_an_unknown_group_is_refused_by_name():
   model, params, frozen, batch, rng, loss_config = _setup("synthetic_single")
   with pytest.raises(ValueError, match="'backbone'"):
     objective.term_gradient_norms(model, params, frozen, batch, rng, loss_config, group="backbone")
+
+
+def test_prior_decay_is_off_by_default_and_falls_from_start_to_final():
+  loss_config = config_lib.part_losses()
+  assert objective.prior_scale(loss_config, 0, 100) is None  # the default objective unchanged
+  loss_config.prior_decay.start, loss_config.prior_decay.final = 0.5, 0.1
+  scales = [float(objective.prior_scale(loss_config, step, 100)) for step in range(100)]
+  assert scales[:51] == [1.0] * 51
+  assert scales[-1] == pytest.approx(0.1)
+  assert all(a >= b for a, b in zip(scales, scales[1:])) and scales[75] < 1.0
+
+
+@pytest.mark.parametrize("decay, match", [({"start": 1.5, "final": 0.0}, "start 1.5"),
+                                          ({"start": 0.5, "final": -1.0}, "final -1.0"),
+                                          ({"start": 0.5, "end": 0.0}, "'end'")])
+def test_a_bad_prior_decay_is_refused_by_name(decay, match):
+  loss_config = config_lib.part_losses()
+  loss_config.prior_decay = decay
+  with pytest.raises(ValueError, match=match):
+    objective.check_config(loss_config)
+
+
+def test_the_prior_factor_scales_every_prior_and_no_attribute_loss():
+  model, params, frozen, batch, rng, loss_config = _setup("synthetic_single")
+  terms = jax.jit(lambda p, factor: objective.loss_terms(model, p, frozen, batch, rng,
+                                                         loss_config, factor)[0])
+  plain, scaled = terms(params, jnp.float32(1.0)), terms(params, jnp.float32(0.25))
+  assert set(plain) == {"attribute_stage1"} | {
+      t for t in config_lib.PRIOR_TERMS if loss_config.weights[t]}
+  for name, (weight, value) in scaled.items():
+    assert float(value) == float(plain[name][1]), name  # the terms themselves do not change
+    expected = 0.25 * float(plain[name][0]) if name in config_lib.PRIOR_TERMS else 1.0
+    assert float(weight) == pytest.approx(expected), name

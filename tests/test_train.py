@@ -378,3 +378,25 @@ def test_the_run_seed_seeds_the_run(tmp_path):
                                                        8, seed)))["attributes"]
   np.testing.assert_array_equal(first(0), first(0))
   assert not np.array_equal(first(0), first(1))
+
+
+@pytest.mark.slow
+def test_prior_decay_reaches_the_trainer_and_its_mechanism(tmp_path):
+  """With the priors' weights decayed to 0 by the last step, that step logs the factor 0 and the
+  mechanism at the end measures no gradient from any prior, while the attribute loss still
+  sends one."""
+  config = _config(num_steps=6)
+  config.loss.prior_decay.start, config.loss.prior_decay.final = 0.0, 0.0
+  config.trainer.term_gradient_batches = 1
+  trainer.run(config, str(tmp_path))
+  rows = [json.loads(line) for line in open(os.path.join(tmp_path, "metrics.jsonl"))]
+  scale = {r["step"]: r["train/prior_scale"] for r in rows if "train/prior_scale" in r}
+  assert scale[6] == pytest.approx(0.0, abs=1e-6)
+  norms = {k.split("/")[-1]: v for r in rows if r["step"] == 6 for k, v in r.items()
+           if k.startswith("mechanism/grad_norm/")}
+  start = {k.split("/")[-1]: v for r in rows if r["step"] == 0 for k, v in r.items()
+           if k.startswith("mechanism/grad_norm/")}
+  priors = set(norms) - {"attribute_stage1"}
+  assert priors and all(start[t] > 0 for t in priors)
+  assert all(norms[t] == pytest.approx(0.0, abs=1e-9) for t in priors), norms
+  assert norms["attribute_stage1"] > 0

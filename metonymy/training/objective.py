@@ -7,9 +7,14 @@
 Stage 2 adds "stage2", which gives eq. 9's L_att,stage1 + L_att,stage2 without a change here.
 The priors act on `out["maps"]` (Stage 1's maps in both models). A term whose weight is 0 is not
 computed (an equivariance weight of 0 saves the second forward pass).
+
+`loss.prior_decay` (off by default) lowers every prior's weight late in training by one factor,
+`prior_scale`: a counterfactual, not the paper's recipe, that lets the attribute losses (Stage
+2's feedback among them) shape parts the priors have already placed.
 """
 
-from typing import Any, Dict, Tuple
+import math
+from typing import Any, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +28,21 @@ WEIGHT_KEYS = ("attribute", "orthogonality", "total_variation", "equivariance",
 ORTHOGONALITY = {"decorrelated": losses.decorrelated_orthogonality,
                  "pdisco": losses.pdisco_orthogonality}
 EMBEDDINGS = {"embeddings": "part_embeddings", "modulated": "modulated_embeddings"}
+PRIOR_KEYS = WEIGHT_KEYS[1:]  # Every term but the attribute losses (config_lib.PRIOR_TERMS).
+
+
+def prior_scale(loss_config, step, total_steps: int) -> Optional[jnp.ndarray]:
+  """The factor on every prior's weight at optimizer step `step` (an int or int32 []): 1 until
+  `loss.prior_decay.start` of training, then a half cosine down to `loss.prior_decay.final` at
+  the last step. None when the decay is off (start 1 or final 1, the default), so the
+  objective is then exactly the one without the option."""
+  decay = loss_config.get("prior_decay")
+  if decay is None or decay.start >= 1.0 or decay.final == 1.0:
+    return None
+  begin = decay.start * total_steps
+  progress = jnp.clip((jnp.asarray(step, jnp.float32) - begin)
+                      / max(total_steps - 1 - begin, 1.0), 0.0, 1.0)
+  return decay.final + (1.0 - decay.final) * 0.5 * (1.0 + jnp.cos(math.pi * progress))
 
 
 def check_config(loss_config) -> None:
@@ -42,13 +62,29 @@ def check_config(loss_config) -> None:
   if loss_config.orthogonality_on not in EMBEDDINGS:
     raise ValueError(f"config.loss.orthogonality_on must be one of {sorted(EMBEDDINGS)}, got "
                      f"{loss_config.orthogonality_on!r}")
+  decay = loss_config.get("prior_decay")
+  if decay is not None:
+    if sorted(decay) != ["final", "start"]:
+      raise ValueError(f"config.loss.prior_decay: keys {sorted(decay)}, expected "
+                       "['final', 'start']")
+    if not 0.0 <= decay.start <= 1.0 or not 0.0 <= decay.final <= 1.0:
+      raise ValueError(f"config.loss.prior_decay: start {decay.start} and final {decay.final} "
+                       "must each lie in [0, 1]")
 
 
 def loss_terms(model: part_model.PartModel, params, frozen, batch: Dict[str, jnp.ndarray],
-               rng: jax.Array, loss_config) -> Tuple[Dict[str, Tuple[float, jnp.ndarray]],
-                                                     jnp.ndarray]:
+               rng: jax.Array, loss_config, prior_factor: Optional[jnp.ndarray] = None
+               ) -> Tuple[Dict[str, Tuple[float, jnp.ndarray]], jnp.ndarray]:
   """({term: (weight, unweighted value)} for every computed term, Stage 1's maps
   [B, K+1, h, w]) of one training batch; `loss_fn` documents the arguments."""
+  terms, maps = _unscaled_terms(model, params, frozen, batch, rng, loss_config)
+  if prior_factor is not None:
+    terms = {name: (weight * prior_factor if name in PRIOR_KEYS else weight, value)
+             for name, (weight, value) in terms.items()}
+  return terms, maps
+
+
+def _unscaled_terms(model, params, frozen, batch, rng, loss_config):
   weights = loss_config.weights
   rng_model, rng_warp, rng_model_warped = jax.random.split(rng, 3)
   out = model.apply(params, frozen, batch["image"], train=True, rng=rng_model)
@@ -80,7 +116,8 @@ def loss_terms(model: part_model.PartModel, params, frozen, batch: Dict[str, jnp
 
 
 def loss_fn(model: part_model.PartModel, params, frozen, batch: Dict[str, jnp.ndarray], rng: jax.Array,
-            loss_config) -> Tuple[jnp.ndarray, Dict[str, Any]]:
+            loss_config, prior_factor: Optional[jnp.ndarray] = None
+            ) -> Tuple[jnp.ndarray, Dict[str, Any]]:
   """(total loss, metrics) of one training batch.
 
   Args:
@@ -88,23 +125,26 @@ def loss_fn(model: part_model.PartModel, params, frozen, batch: Dict[str, jnp.nd
     batch: image float32 [B, H, W, 3], attributes float32 [B, A], attribute_valid bool [B, A].
     rng: this step's key (Gumbel noise of both passes and the equivariance transform).
     loss_config: config.loss (weights, orthogonality, orthogonality_on, equivariance ranges).
+    prior_factor: float32 [] on every prior's weight (`prior_scale` at this step), or None.
 
   Returns:
     The weighted sum, and {"loss/<term>": unweighted value} for every computed term plus the
     maps' occupancy (`part_share_metrics`: the collapse watch, no second forward).
   """
-  terms, maps = loss_terms(model, params, frozen, batch, rng, loss_config)
+  terms, maps = loss_terms(model, params, frozen, batch, rng, loss_config, prior_factor)
   total = sum(weight * value for weight, value in terms.values())
   metrics = {f"loss/{name}": value for name, (_, value) in terms.items()}
   return total, dict(metrics, **part_share_metrics(maps))
 
 
 def term_gradient_norms(model: part_model.PartModel, params, frozen, batch, rng: jax.Array,
-                        loss_config, group: str = "prototypes") -> Dict[str, jnp.ndarray]:
+                        loss_config, group: str = "prototypes",
+                        prior_factor: Optional[jnp.ndarray] = None) -> Dict[str, jnp.ndarray]:
   """{term: |d(weight * term)/d theta|}: the norm of the gradient each weighted term of the
   objective sends to the parameters of optimizer group `group` (model.param_groups), by default
   Stage 1's prototypes, where every term of both models meets. It shows which term shapes the
   parts: e.g. whether Stage 2's attribute loss reaches Stage 1 at all against the priors.
+  `prior_factor` weighs the priors as training does at the step measured (`prior_scale`).
   One backward pass per term (jax.jacrev over the weighted terms)."""
   groups = model.param_groups(params)
   keep = [g == group for g in jax.tree_util.tree_leaves(groups)]
@@ -113,7 +153,7 @@ def term_gradient_norms(model: part_model.PartModel, params, frozen, batch, rng:
                      f"are {sorted(set(jax.tree_util.tree_leaves(groups)))}")
 
   def weighted_terms(params):
-    terms, _ = loss_terms(model, params, frozen, batch, rng, loss_config)
+    terms, _ = loss_terms(model, params, frozen, batch, rng, loss_config, prior_factor)
     return {name: weight * value for name, (weight, value) in terms.items()}
 
   jacobian = jax.jacrev(weighted_terms)(params)          # {term: a gradient tree like params}

@@ -227,9 +227,11 @@ def _train(config, workdir: Workdir, mesh) -> Dict[str, float]:
 
   def train_step(state: TrainState, frozen, batch, wishes):
     rng = jax.random.fold_in(state.rng, state.step)
-
+    prior_factor = objective.prior_scale(config.loss, state.step, total_steps)
     (loss, metrics), grads = jax.value_and_grad(objective.loss_fn, argnums=1, has_aux=True)(
-        model, state.params, frozen, batch, rng, config.loss)
+        model, state.params, frozen, batch, rng, config.loss, prior_factor)
+    if prior_factor is not None:
+      metrics = dict(metrics, **{"train/prior_scale": prior_factor})
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = dict(metrics, loss=loss, grad_norm=optax.tree_utils.tree_norm(grads),
@@ -239,8 +241,11 @@ def _train(config, workdir: Workdir, mesh) -> Dict[str, float]:
     return (state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics,
             preemption.Watch.agree(wishes))  # Every process's stop / save wishes, or-ed.
 
-  def term_gradients(params, frozen, batch, rng):
-    return objective.term_gradient_norms(model, params, frozen, batch, rng, config.loss)
+  def term_gradients(params, frozen, batch, rng, step):
+    # The priors weighed as the step after `step` will weigh them (prior_scale).
+    return objective.term_gradient_norms(
+        model, params, frozen, batch, rng, config.loss,
+        prior_factor=objective.prior_scale(config.loss, step, total_steps))
 
   def relative_change(params, start):
     """{group: |theta - theta_0| / |theta_0|} over each optimizer group's parameters."""
@@ -264,7 +269,8 @@ def _train(config, workdir: Workdir, mesh) -> Dict[str, float]:
   eval_step = jax.jit(eval_step, in_shardings=(state_sh.params, frozen_sh, batch_sh),
                       out_shardings=replicated)
   term_gradients = jax.jit(term_gradients, in_shardings=(state_sh.params, frozen_sh, batch_sh,
-                                                         replicated), out_shardings=replicated)
+                                                         replicated), out_shardings=replicated,
+                           static_argnums=(4,))  # the step: two values, step 0 and the last
   relative_change = jax.jit(relative_change, in_shardings=(state_sh.params, state_sh.params),
                             out_shardings=replicated)
 
@@ -360,7 +366,7 @@ def _train(config, workdir: Workdir, mesh) -> Dict[str, float]:
       host = next(batches)
       batch = sharding.global_batch(inputs.device_keys(host, inputs.TRAIN_KEYS), batch_sh)
       norms = jax.device_get(term_gradients(state.params, frozen, batch,
-                                            jax.random.fold_in(rng, i)))
+                                            jax.random.fold_in(rng, i), min(step, total_steps - 1)))
       for name, value in norms.items():
         sums[name] = sums.get(name, 0.0) + float(value) / num
     writer.write_scalars(step, {f"mechanism/grad_norm/{k}": v for k, v in sums.items()})
