@@ -339,14 +339,21 @@ PRIOR_TERMS = ("orthogonality", "total_variation", "equivariance", "foreground_p
                "background_presence", "entropy")
 
 
-def set_priors(loss: ml_collections.ConfigDict, priors: str) -> None:
+def set_priors(loss: ml_collections.ConfigDict, priors: str,
+               total_variation: float = -1.0) -> None:
   """`loss.weights` of every prior: "paper" (part_losses' weights) or "off" (0: the attribute
-  losses alone)."""
+  losses alone). total_variation >= 0 sets that prior's weight instead of PDiscoFormer's (with
+  "paper" only: "off" has none to set)."""
   if priors not in ("paper", "off"):
     raise ValueError(f"priors={priors!r}: expected 'paper' or 'off'.")
+  if priors == "off" and total_variation >= 0:
+    raise ValueError(f"total_variation={total_variation:g} with priors='off': the priors are "
+                     "off, total variation among them; use priors='paper'.")
   paper = part_losses().weights
   for term in PRIOR_TERMS:
     loss.weights[term] = paper[term] if priors == "paper" else 0.0
+  if total_variation >= 0:
+    loss.weights.total_variation = float(total_variation)
 
 
 def part_optimizer() -> ml_collections.ConfigDict:

@@ -37,7 +37,8 @@ DOCUMENTED = {
                     "dataset=synthetic"),
     "probe_synthetic": ("", "trained", "tiny", "tiny,trained"),
     "synthetic_table3": ("", "small", "paper_stage2_rate", "priors=paper", "priors=off",
-                         "split=val", "demo_length", "split=val,demo_length,priors=paper"),
+                         "split=val", "demo_length", "split=val,demo_length,priors=paper",
+                         "priors=paper,total_variation=1"),
     "world_check": ("", "tiny", "world=v2"),
 }
 PAIRS = [(name, arg) for name, args in DOCUMENTED.items() for arg in args]

@@ -34,7 +34,7 @@ RUNS = {
     "synthetic_table3": (
         "small,world=v3,split=val,priors=off,paper_stage2_rate,demo_length,"
         "stand_in_objective=attributes_then_dense,dense_stages=2",
-        "small,world=v1,priors=paper,split=test",
+        "small,world=v1,priors=paper,total_variation=1,split=test",
         "small,world=v2,stand_in_objective=attributes,registers=2",
         "small,stand_in_objective=self_supervised"),
 }

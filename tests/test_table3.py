@@ -134,6 +134,18 @@ def test_configs_load_and_refuse_unknown_args():
   assert (on_val.benchmark.data.val, on_val.benchmark.data.test) == ("", "val")
   off = config_lib.load_config(CONFIG_FILE, "priors=off").single.loss.weights
   assert off.attribute == 1.0 and off.orthogonality == 0.0 and off.background_presence == 0.0
+  assert off.total_variation == 0.0
+  # The recipe: every prior at PDiscoFormer's weight but total variation, at a quarter; the demo's
+  # v3 parts are found with the same weights.
+  recipe = full.single.loss.weights
+  paper = config_lib.part_losses().weights
+  assert recipe.total_variation == 0.25 and paper.total_variation == 1.0
+  assert all(recipe[t] == paper[t] for t in config_lib.PRIOR_TERMS if t != "total_variation")
+  demo = config_lib.load_config(os.path.join(ROOT, "configs", "demo.py"))
+  assert demo.single.loss.weights.to_dict() == recipe.to_dict()
+  assert demo.two_stage.loss.weights.to_dict() == recipe.to_dict()
+  with pytest.raises(ValueError, match="total_variation"):
+    config_lib.load_config(CONFIG_FILE, "priors=off,total_variation=0.5")
   paper = config_lib.load_config(CONFIG_FILE, "paper_stage2_rate").single.optimizer
   assert paper.learning_rates.backbone == 2e-6
   with pytest.raises(ValueError, match="small"):
@@ -180,6 +192,17 @@ def test_readme_block_says_whether_the_machine_was_shared():
   results["protocol"]["loss_weights"] = {"attribute": 1.0, "orthogonality": 1.0, "entropy": 2.0}
   assert ("--config=configs/synthetic_table3.py:world=v3,priors=paper,stand_in_objective="
           "attributes_then_dense --workdir=DIR" in report.readme_block(results))
+  # Total variation's weight is named with the priors: the recipe's quarter is not PDiscoFormer's.
+  results["protocol"]["loss_weights"]["total_variation"] = 0.25
+  assert (":world=v3,priors=paper,total_variation=0.25,stand_in_objective="
+          in report.readme_block(results))
+  results["protocol"]["loss_weights"]["total_variation"] = 1.0
+  assert ",priors=paper,total_variation=1,stand_in_objective=" in report.readme_block(results)
+  # The command it names makes those weights.
+  for arg, weight in (("priors=paper,total_variation=0.25", 0.25),
+                      ("priors=paper,total_variation=1", 1.0)):
+    assert config_lib.load_config(CONFIG_FILE, arg).single.loss.weights.total_variation == weight
+  results["protocol"]["loss_weights"]["total_variation"] = 0.0
   results["protocol"]["loss_weights"] = {"attribute": 1.0, "orthogonality": 1.0, "entropy": 0.0}
   assert ":world=v3,stand_in_objective=" in report.readme_block(results)  # neither: not said
   # Stage 2's feedback scale is named when it is not eq. 9's 1.

@@ -332,9 +332,9 @@ def markdown(results: Dict) -> str:
 
 def config_arg(results: Dict) -> str:
   """The configs/synthetic_table3.py argument that made `results`
-  (":world=v3,priors=paper,stand_in_objective=attributes_then_dense"), as far as the results
-  tell and whatever the defaults of the day: the world when not v1, the priors when every one is
-  on (paper) or off, the stand-in's objective when recorded, the evaluation split when not test."""
+  (":world=v3,priors=paper,total_variation=0.25,stand_in_objective=attributes_then_dense"), as
+  far as the results tell and whatever the defaults of the day: the world when not v1, the priors
+  when every one is on (paper, with total variation's weight) or off, the stand-in's objective when recorded, the evaluation split when not test."""
   args = []
   if results.get("world_name", "v1") != "v1":
     args.append(f"world={results['world_name']}")
@@ -342,6 +342,8 @@ def config_arg(results: Dict) -> str:
   priors = [v for k, v in p["loss_weights"].items() if k != "attribute"]
   if priors and all(priors):
     args.append("priors=paper")
+    if "total_variation" in p["loss_weights"]:  # its weight is the job's to choose
+      args.append(f"total_variation={p['loss_weights']['total_variation']:g}")
   elif not any(priors):
     args.append("priors=off")
   if results.get("stand_in_objective"):
