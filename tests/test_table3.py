@@ -193,11 +193,14 @@ def test_readme_block_says_whether_the_machine_was_shared():
   assert ("--config=configs/synthetic_table3.py:world=v3,priors=paper,stand_in_objective="
           "attributes_then_dense --workdir=DIR" in report.readme_block(results))
   # Total variation's weight is named with the priors: the recipe's quarter is not PDiscoFormer's.
-  results["protocol"]["loss_weights"]["total_variation"] = 0.25
+  results["protocol"]["loss_weights"].update(entropy=1.0, total_variation=0.25)
   assert (":world=v3,priors=paper,total_variation=0.25,stand_in_objective="
+          in report.readme_block(results))
+  assert ("every part-shaping prior at PDiscoFormer's weight but total variation at 0.25;"
           in report.readme_block(results))
   results["protocol"]["loss_weights"]["total_variation"] = 1.0
   assert ",priors=paper,total_variation=1,stand_in_objective=" in report.readme_block(results)
+  assert "PDiscoFormer's weight but" not in report.readme_block(results)
   # The command it names makes those weights.
   for arg, weight in (("priors=paper,total_variation=0.25", 0.25),
                       ("priors=paper,total_variation=1", 1.0)):
@@ -205,6 +208,12 @@ def test_readme_block_says_whether_the_machine_was_shared():
   results["protocol"]["loss_weights"]["total_variation"] = 0.0
   results["protocol"]["loss_weights"] = {"attribute": 1.0, "orthogonality": 1.0, "entropy": 0.0}
   assert ":world=v3,stand_in_objective=" in report.readme_block(results)  # neither: not said
+  # The variants are named when not all of them ran.
+  assert report.TABLE3_VARIANTS == config_lib.load_config(CONFIG_FILE).variants
+  assert "--config.variants" not in report.readme_block(results)
+  only = dict(results, summary={k: results["summary"][k] for k in ("single", "ste")})
+  assert ("--config.world.seed=0 \"--config.variants=('single','ste')\" --config.readme"
+          in report.readme_block(only))
   # Stage 2's feedback scale is named when it is not eq. 9's 1.
   assert "stage2_feedback_scale" not in report.readme_block(results)
   results["protocol"]["stage2_feedback_scale"] = 30.0
