@@ -31,11 +31,12 @@ optimizer with its square-root scaled rates. Scored on `test`; every choice belo
 
 arg: `small` (a tiny world, 2 run seeds, seconds of training: the test), `world=v1|v2|v3`
 (configs/demo.py's WORLDS; its WORLD, v3, by default), `paper_stage2_rate`,
-`priors=paper|off`, `total_variation=W` (that prior's weight with priors=paper; -1: TOTAL_VARIATION;
-1: PDiscoFormer's, the previous recipe), `split=val|test` (the evaluation split of the training runs and the probe;
-val for counterfactuals), `stand_in_objective=attributes|self_supervised|attributes_then_dense`
-(configs/demo.py's stand-ins: from attributes, self-supervised, or the first continued by the
-dense term), `registers=N` (the stand-in's register tokens, configs/demo.py's; -1: its own),
+`priors=paper|off`, `total_variation=W` (that prior's weight with priors=paper; -1:
+TOTAL_VARIATION; 1: PDiscoFormer's, the previous recipe), `split=val|test` (the evaluation split
+of the training runs and the probe; val for counterfactuals),
+`stand_in_objective=attributes|self_supervised|attributes_then_dense` (configs/demo.py's
+stand-ins: from attributes, self-supervised, or the first continued by the dense term),
+`registers=N` (the stand-in's register tokens, configs/demo.py's; -1: its own),
 `dense_stages=N` (how many dense stages the continued stand-in had, configs/demo.py's; -1: its
 own).
 """

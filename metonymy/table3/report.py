@@ -339,7 +339,8 @@ def config_arg(results: Dict) -> str:
   """The configs/synthetic_table3.py argument that made `results`
   (":world=v3,priors=paper,total_variation=0.25,stand_in_objective=attributes_then_dense"), as
   far as the results tell and whatever the defaults of the day: the world when not v1, the priors
-  when every one is on (paper, with total variation's weight) or off, the stand-in's objective when recorded, the evaluation split when not test."""
+  when every one is on (paper, with total variation's weight) or off, the stand-in's objective
+  when recorded, the evaluation split when not test."""
   args = []
   if results.get("world_name", "v1") != "v1":
     args.append(f"world={results['world_name']}")
