@@ -195,3 +195,24 @@ def test_a_background_off_the_truth_s_share_is_reported_and_warned_of():
   near = np.array([[5, 0, 0, 5], [0, 5, 0, 5], [0, 0, 0, 0], [0, 0, 0, 80]], np.float64)
   assert not any("Background off" in w for w in evaluate.collapse_warnings(
       dict(evaluate.coverage_scalars(near), **_scalars([10, 10, 10, 70]))))
+
+
+def test_a_background_at_the_truth_s_share_holding_the_object_is_reported():
+  """The background channel can hold the truth's share of the patches and still be the wrong
+  patches: here it takes every patch of both true parts (and gives as many background patches
+  to the parts), so its share equals the truth's while it holds the whole object."""
+  # Rows: true part 0, true part 1, background; columns: found part 0, part 1, background.
+  swapped = np.array([[0, 0, 10], [0, 0, 10], [10, 10, 60]], np.float64)
+  scalars = evaluate.coverage_scalars(swapped)
+  assert scalars["parts/background_gap"] == pytest.approx(0.0)
+  assert scalars["parts/object_in_background"] == pytest.approx(1.0)
+  assert scalars["parts/background_in_parts"] == pytest.approx(0.25)
+  assert scalars["parts/in_background/0"] == pytest.approx(1.0)
+  # Per part, and a part without patches has no share (NaN), not 0.
+  near = np.array([[5, 0, 0, 5], [0, 8, 0, 2], [0, 0, 0, 0], [0, 0, 0, 80]], np.float64)
+  scalars = evaluate.coverage_scalars(near)
+  assert scalars["parts/object_in_background"] == pytest.approx(7 / 20)
+  assert scalars["parts/in_background/0"] == pytest.approx(0.5)
+  assert scalars["parts/in_background/1"] == pytest.approx(0.2)
+  assert np.isnan(scalars["parts/in_background/2"])
+  assert scalars["parts/background_in_parts"] == pytest.approx(0.0)

@@ -12,6 +12,7 @@ def _run(tmp_path, name, nmi_by_seed, world_seed=0, norm="per_part", shares=(0.3
   rows = [{"variant": "single", "seed": s, "NMI": v, "ARI": v / 2, "NMI_fg": v, "ARI_fg": v / 2,
            "mAP_stage1": 0.3, "max_part_share": shares[0], "background_share": shares[1],
            "background_share_true": 0.8, "coverage": 0.5, "area_ratio": 4.0,
+           "object_in_background": 0.25 + v / 1000,
            "grad_norm_start": {"attribute_stage1": 0.1}, "position_NMI": 8.0,
            "position_ARI": 7.0, "position_NMI_fg": 8.0, "position_ARI_fg": 7.0}
           for s, v in nmi_by_seed.items()]
@@ -36,8 +37,11 @@ def test_differences_are_paired_by_run_seed_and_name_the_changed_key(tmp_path):
   assert paired["ci"][0] < 2.0 < paired["ci"][1]
   assert result["summary"]["joint"]["NMI"]["mean"] == pytest.approx(22.0)
   assert result["changes"]["joint"] == ["single.model.embedding_norm: 'per_part' -> 'joint'"]
+  # The share of the object in the background channel is summarised and paired like the rest.
+  assert result["paired"]["joint"]["object_in_background"]["mean"] == pytest.approx(0.002)
   text = compare.markdown(result)
   assert "+2.0 [" in text and "keypoint position alone" in text and "0.230" in text
+  assert "object in the background channel" in text
 
 
 def test_an_arm_on_another_world_is_refused(tmp_path):

@@ -9,7 +9,7 @@ embedding_norm=joint`); an arm whose world, stand-in or run seeds differ from th
 refused, since its differences would not be the override's alone. The report gives, per arm:
 the config keys it changes; the mean over run seeds of NMI / ARI (background included, and
 foreground only), Stage-1 attribute mAP, the largest part share, the background channel's share
-against the truth's, coverage and area ratio, the gradient norm each weighted loss term sends
+against the truth's and the share of the true object it takes, coverage and area ratio, the gradient norm each weighted loss term sends
 Stage 1's prototypes at the start; how many runs collapsed; and each metric minus the
 baseline's, paired by run seed, with its 95% Student-t interval. The chance rows are the
 position baseline (k-means on the keypoints' positions) and the constant predictor's mAP.
@@ -31,11 +31,13 @@ from metonymy.workdir import layout
 COLLAPSE_SHARE = 0.9
 BACKGROUND_TOLERANCE = 0.15
 METRICS = ("NMI", "ARI", "NMI_fg", "ARI_fg", "mAP_stage1", "max_part_share", "background_share",
-           "coverage", "area_ratio")
+           "object_in_background", "coverage", "area_ratio")
 # (metric, header, decimals) of the report's tables.
 COLUMNS = (("NMI", "NMI", 1), ("ARI", "ARI", 1), ("NMI_fg", "NMI fg", 1), ("ARI_fg", "ARI fg", 1),
            ("mAP_stage1", "Stage-1 mAP", 3), ("max_part_share", "largest part share", 2),
-           ("background_share", "background channel", 2), ("coverage", "coverage", 2),
+           ("background_share", "background channel", 2),
+           ("object_in_background", "object in the background channel", 2),
+           ("coverage", "coverage", 2),
            ("area_ratio", "area ratio", 1))
 # What must be equal for a paired difference to be the override's alone.
 SHARED = ("world", "stand_in", "seeds")

@@ -72,7 +72,8 @@ def row_line(row: Dict) -> str:
           f"{fmt(row['mAP_stage1'], 3)} / stage 2 {fmt(row['mAP_stage2'], 3)}, largest part share "
           f"{fmt(row['max_part_share'], 2)}, background share "
           f"{fmt(row.get('background_share'), 2)} (truth "
-          f"{fmt(row.get('background_share_true'), 2)}), coverage {fmt(row.get('coverage'), 2)} "
+          f"{fmt(row.get('background_share_true'), 2)}; the object's share in it "
+          f"{fmt(row.get('object_in_background'), 2)}), coverage {fmt(row.get('coverage'), 2)} "
           f"(area ratio "
           f"{fmt(row.get('area_ratio'), 2)}), position baseline NMI "
           f"{fmt(row.get('position_NMI'), 1)}{' COLLAPSED' if row['collapsed'] else ''}")
@@ -199,11 +200,11 @@ def mechanism_table(results: Dict) -> str:
 def seed_table(results: Dict) -> str:
   keys = ("variant", "seed", "world_seed", "NMI", "ARI", "NMI_fg", "ARI_fg", "PS", "MPPO",
           "mAP_stage1", "mAP_stage2", "mAP_ensemble", "max_part_share", "background_share",
-          "background_share_true", "coverage",
+          "background_share_true", "object_in_background", "coverage",
           "area_ratio", "position_NMI", "position_ARI", "collapsed")
   digits = {"PS": 3, "MPPO": 3, "mAP_stage1": 3, "mAP_stage2": 3, "mAP_ensemble": 3,
-            "max_part_share": 2, "background_share": 2, "background_share_true": 2, "coverage": 2,
-            "area_ratio": 2}
+            "max_part_share": 2, "background_share": 2, "background_share_true": 2,
+            "object_in_background": 2, "coverage": 2, "area_ratio": 2}
   rows = [[str(r[k]) if k in ("variant", "seed", "world_seed", "collapsed")
            else reporting.fmt(r.get(k), digits.get(k, 1)) for k in keys] for r in results["rows"]]
   return reporting.markdown_table(list(keys), rows)

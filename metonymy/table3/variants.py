@@ -154,8 +154,8 @@ def row(variant: str, seed: int, world_seed: int, train_dir: str, probe: Dict) -
 
 def coverage(scalars: Dict) -> Dict[str, Optional[float]]:
   """A row's mask coverage from an evaluation's scalars: "coverage" and "area_ratio" (means over
-  the true parts) and "coverage/<g>", "area_ratio/<g>" per true part g; empty when the world
-  gave none."""
+  the true parts), "coverage/<g>", "area_ratio/<g>" per true part g, "object_in_background" and
+  "background_in_parts"; empty when the world gave none."""
   num_true = sum(1 for k in scalars if k.startswith("parts/coverage/"))
   out = {}
   for name in ("coverage", "area_ratio"):
@@ -163,6 +163,10 @@ def coverage(scalars: Dict) -> Dict[str, Optional[float]]:
       out[name] = _finite(scalars[f"parts/{name}"])
       out.update({f"{name}/{g}": _finite(scalars.get(f"parts/{name}/{g}"))
                   for g in range(num_true)})
+  # Which patches the background channel holds: the object's it takes, the background it leaves.
+  for name in ("object_in_background", "background_in_parts"):
+    if f"parts/{name}" in scalars:
+      out[name] = _finite(scalars[f"parts/{name}"])
   return out
 
 

@@ -39,6 +39,10 @@ numbers follow one protocol:
   parts/background_share_true beside the truth's background share on the same grid, and
   parts/background_gap        their difference, warned of when above BACKGROUND_GAP (datasets
                               with a part segmentation only; `collapsed` keeps the rule above)
+  parts/object_in_background  the share of the true object's patches (every true part's) that
+  parts/in_background/<g>     the background channel takes, and of true part g's: a background
+                              channel at the truth's share can still hold the wrong patches
+  parts/background_in_parts   the share of the true background's patches the K parts take
 
 Stage 1 collapses by giving every patch to one channel, usually the background, which makes NMI
 and ARI exactly 0; the shares say so directly, and say it before NMI can (datasets without
@@ -150,16 +154,26 @@ def segmentation_confusion(segmentation: np.ndarray, maps: np.ndarray,
                                       channels - 1)
 
 
+def _share(count: float, total: float) -> float:
+  """count / total; NaN when there is nothing to share (a set without that region)."""
+  return float(count / total) if total > 0 else float("nan")
+
+
 def coverage_scalars(confusion: np.ndarray) -> Dict[str, float]:
-  """The parts/coverage*, parts/area_ratio*, parts/best_part/* and parts/background_* scalars
-  (module docstring) of a patch confusion [G + 1, K + 1] summed over the evaluation set."""
+  """The parts/coverage*, parts/area_ratio*, parts/best_part/*, parts/background_*,
+  parts/object_in_background and parts/in_background/* scalars (module docstring) of a patch
+  confusion [G + 1, K + 1] summed over the evaluation set."""
   coverage = part_metrics.mask_coverage(confusion)
   confusion = np.asarray(confusion, np.float64)
   total = max(confusion.sum(), 1.0)
   background, background_true = confusion[:, -1].sum() / total, confusion[-1].sum() / total
   out = {"parts/background_share": float(background),
          "parts/background_share_true": float(background_true),
-         "parts/background_gap": float(background - background_true)}
+         "parts/background_gap": float(background - background_true),
+         "parts/object_in_background": _share(confusion[:-1, -1].sum(), confusion[:-1].sum()),
+         "parts/background_in_parts": _share(confusion[-1, :-1].sum(), confusion[-1].sum())}
+  for g in range(len(confusion) - 1):
+    out[f"parts/in_background/{g}"] = _share(confusion[g, -1], confusion[g].sum())
   for g, (best, share, ratio) in enumerate(zip(coverage["best_part"], coverage["coverage"],
                                                coverage["area_ratio"])):
     out.update({f"parts/coverage/{g}": float(share), f"parts/area_ratio/{g}": float(ratio),

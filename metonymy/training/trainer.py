@@ -336,14 +336,16 @@ def _train(config, workdir: Workdir, mesh) -> Dict[str, float]:
     console.console(f"eval @ {step}: " + ", ".join(
         f"{k} {v:.4g}" for k, v in scalars.items()
         if not k.startswith(("eval/part_share/", "eval/part_mass/", "eval/parts/coverage/",
-                             "eval/parts/area_ratio/", "eval/parts/best_part/"))))
+                             "eval/parts/area_ratio/", "eval/parts/best_part/",
+                             "eval/parts/in_background/"))))
     if "eval/part_share/max" in scalars:
       console.console(f"eval @ {step}: part shares {per_part('eval/part_share/')} (background "
                       f"last), max {scalars['eval/part_share/max']:.2f}, empty parts "
                       f"{scalars['eval/part_share/num_empty']:g}")
     if "eval/parts/coverage" in scalars:
       console.console(f"eval @ {step}: coverage per true part {per_part('eval/parts/coverage/')}, "
-                      f"area ratio {per_part('eval/parts/area_ratio/')}")
+                      f"area ratio {per_part('eval/parts/area_ratio/')}, in the background "
+                      f"channel {per_part('eval/parts/in_background/')}")
     warnings = evaluate.collapse_warnings(result["scalars"])
     if jax.process_index() == 0:
       for warning in warnings:
