@@ -9,10 +9,11 @@ embedding_norm=joint`); an arm whose world, stand-in or run seeds differ from th
 refused, since its differences would not be the override's alone. The report gives, per arm:
 the config keys it changes; the mean over run seeds of NMI / ARI (background included, and
 foreground only), Stage-1 attribute mAP, the largest part share, the background channel's share
-against the truth's and the share of the true object it takes, coverage and area ratio, the gradient norm each weighted loss term sends
-Stage 1's prototypes at the start; how many runs collapsed; and each metric minus the
-baseline's, paired by run seed, with its 95% Student-t interval. The chance rows are the
-position baseline (k-means on the keypoints' positions) and the constant predictor's mAP.
+against the truth's and the share of the true object it takes, coverage and area ratio, the
+gradient norm each weighted loss term sends Stage 1's prototypes at the start; how many runs
+collapsed; and each metric minus the baseline's, paired by run seed, with its 95% Student-t
+interval. The chance rows are the position baseline (k-means on the keypoints' positions) and
+the constant predictor's mAP.
 
 A run counts as collapsed when one channel holds more than COLLAPSE_SHARE of the patches, or when
 the background channel's share is off the truth's by more than BACKGROUND_TOLERANCE.
