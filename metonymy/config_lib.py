@@ -296,7 +296,9 @@ def stage1_model(num_parts: int, temperature: float = 1.0) -> ml_collections.Con
   (`embedding_norm`: "per_part", or "joint" as PDiscoFormer; stage1.EMBEDDING_NORMS quotes the
   paper's sentence), whole-part dropout before the attribute head (`part_dropout`;
   PDiscoFormer's 0.3, the paper silent) and Gumbel noise in the evaluation maps
-  (`evaluation_noise`; PDiscoFormer keeps it, the paper silent) and whether the backbone's
+  (`evaluation_noise`; PDiscoFormer keeps it, the paper silent), how many prototypes the
+  background has (`background_prototypes`; the paper's and PDiscoFormer's one, its channels
+  summed when more; stage1.Stage1Head says why) and whether the backbone's
   CLS / register tokens and position table train (`trained_tokens`, optimizer group "tokens";
   the paper keeps the backbone "strictly frozen", PDiscoFormer trains them). Their defaults:
   the paper's reading where it speaks (per-part statistics, docs/models.md says why; frozen
@@ -305,7 +307,8 @@ def stage1_model(num_parts: int, temperature: float = 1.0) -> ml_collections.Con
   return ml_collections.ConfigDict(dict({"name": "stage1", "num_parts": num_parts,
                                          "temperature": temperature,
                                          "embedding_norm": "per_part", "part_dropout": 0.3,
-                                         "evaluation_noise": False, "trained_tokens": False},
+                                         "evaluation_noise": False, "trained_tokens": False,
+                                         "background_prototypes": 1},
                                         **PROTOTYPE_INIT))
 
 
@@ -518,7 +521,7 @@ def real_data_probe(arg: str, data: ml_collections.ConfigDict, masks: ml_collect
 
 # The options of Stage 1 beyond K and the temperature (stage1_model), the same in both models.
 STAGE1_OPTIONS = tuple(PROTOTYPE_INIT) + ("embedding_norm", "part_dropout", "evaluation_noise",
-                                          "trained_tokens")
+                                          "trained_tokens", "background_prototypes")
 
 
 def two_stage_model(num_parts: int, mask: str, *, temperature: float = 1.0,

@@ -49,6 +49,26 @@ def test_kmeans_prototypes_are_the_planted_means_with_the_background_last():
   np.testing.assert_allclose(prototypes[:-1], means[nearest], atol=0.01)
 
 
+def test_several_background_prototypes_are_the_border_clusters_last():
+  labels = np.zeros((2, 6, 6), int)
+  labels[:, _ring(6, 6)] = 3
+  labels[:, 0, :] = 1  # the top row: a second border cluster, smaller than cluster 3's share
+  labels[:, 2:4, 2:4] = 2
+  assert list(prototype_init.background_last(labels, 4, num_background=2)) == [0, 2, 1, 3]
+  assert list(prototype_init.background_last(labels, 4)) == [0, 1, 2, 3]
+  rng = np.random.default_rng(1)
+  means = rng.normal(size=(5, 6)) * 5  # parts 0-2, then two background clusters
+  ids = np.full((8, 8), 4)
+  ids[:, :4] = 3
+  ids[2:6, 2:6] = np.array([[0, 0, 1, 1]] * 2 + [[2, 2, 2, 2]] * 2)
+  ids = np.broadcast_to(ids, (20, 8, 8))
+  features = (means[ids] + 0.01 * rng.normal(size=ids.shape + (6,))).astype(np.float32)
+  prototypes = prototype_init.kmeans_prototypes(features, 3, seed=0, num_background=2)
+  assert prototypes.shape == (5, 6)
+  nearest = [int(np.argmin(((means - p) ** 2).sum(-1))) for p in prototypes]
+  assert sorted(nearest[:3]) == [0, 1, 2] and sorted(nearest[3:]) == [3, 4]
+
+
 def test_with_prototypes_replaces_stage1s_in_a_single_or_two_stage_tree():
   single = {"prototypes": jnp.zeros((3, 2)), "norm": {"scale": jnp.ones(2)}}
   new = np.arange(6, dtype=np.float32).reshape(3, 2)

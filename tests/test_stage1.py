@@ -205,6 +205,38 @@ def test_stage1_head_options_joint_norm_and_part_dropout():
         jax.random.PRNGKey(1), features, train=False)
 
 
+def test_a_background_of_several_prototypes_is_one_channel_the_sum_of_theirs():
+  from metonymy.models import stage1 as stage1_lib
+  features = jax.random.normal(jax.random.PRNGKey(0), (2, 4, 4, 8)) * 2.0
+  tau = 0.5
+  head = stage1_lib.Stage1Head(num_parts=3, num_attributes=5, temperature=tau,
+                               background_prototypes=3)
+  params = head.init(jax.random.PRNGKey(1), features, train=False)["params"]
+  assert params["prototypes"].shape == (6, 8)  # K + M prototypes
+  out = head.apply({"params": params}, features, train=False)
+  z = np.asarray(features, np.float64).reshape(2, 16, 8)
+  p = np.asarray(params["prototypes"], np.float64)
+  distance = ((z[:, :, None, :] - p) ** 2).sum(-1)                        # [B, N, K+M]
+  every = np.exp(-distance / tau)
+  every /= every.sum(-1, keepdims=True)
+  merged = np.concatenate([every[..., :3], every[..., 3:].sum(-1, keepdims=True)], -1)
+  maps = np.asarray(out["maps"]).reshape(2, 4, 16).transpose(0, 2, 1)
+  assert maps.shape[-1] == 4  # K+1 channels for everything after the maps
+  np.testing.assert_allclose(maps, merged, atol=1e-5)
+  # The maps stay the (noise-free) softmax of part_logits at the temperature.
+  logits = np.asarray(out["part_logits"], np.float64)
+  np.testing.assert_allclose(np.asarray(out["maps"]), np.exp(logits / tau) / np.exp(
+      logits / tau).sum(1, keepdims=True), atol=1e-5)
+  np.testing.assert_allclose(np.asarray(out["part_embeddings"]),
+                             np.einsum("bnk,bnd->bkd", merged, z) / 16, rtol=1e-4, atol=1e-5)
+  noisy = head.apply({"params": params}, features, train=True,
+                     rngs={"gumbel": jax.random.PRNGKey(2), "dropout": jax.random.PRNGKey(3)})
+  np.testing.assert_allclose(np.asarray(noisy["maps"]).sum(1), 1.0, rtol=1e-5)
+  with pytest.raises(ValueError, match="background_prototypes must be >= 1"):
+    stage1_lib.Stage1Head(num_parts=3, num_attributes=5, background_prototypes=0).init(
+        jax.random.PRNGKey(1), features, train=False)
+
+
 def test_trained_tokens_join_the_trainable_tree_and_only_they_get_a_gradient(setup):
   model, frozen, params, images = setup
   tokened = _model_with(trained_tokens=True)

@@ -4,6 +4,9 @@
   s_k(ij) = -|z_ij - p_k|^2                          [B, K+1, h, w] (prototype K = background)
   A = softmax((s + g) / tau) over k                  g ~ Gumbel in training; at evaluation
                                                      only with `evaluation_noise` (PDiscoFormer)
+                                                     (`background_prototypes` M > 1: K+M
+                                                     prototypes, the last M's channels summed
+                                                     into the one background channel)
   v^k = (1/hw) sum_ij A_k(ij) z_ij                   [B, K+1, D]   (eq. 3)
   v_m^k = LN_shared(v^k)                             one LayerNorm for every part (EMBEDDING_NORMS)
   S[:, k] = W v_m^k + b                              [B, A, K]     foreground parts only (eq. 4)
@@ -87,6 +90,14 @@ class Stage1Head(nn.Module):
       Gumbel-Softmax operation"; PDiscoFormer's model adds the noise in eval mode as well.
       False: evaluation maps are the noise-free softmax, so a model's scores do not depend on a
       noise draw.
+    background_prototypes: M, how many prototypes the background has. The paper has one: "K+1
+      learnable prototypes (K parts plus background)" as PDiscoFormer, which is the default.
+      With M > 1 the softmax runs over K+M prototypes and the background channel is the sum of
+      the last M (its logit their log-sum-exp, so the maps stay a softmax of `part_logits`);
+      everything after the maps (pooling, the LayerNorm, the priors, Stage 2) sees K+1 channels
+      as before. Why it exists: a background of stripes and distractor shapes is not one
+      cluster of tokens, and one prototype standing for it takes object patches
+      (docs/experiments.md, "What Stage 1 could find on the continued stand-in").
   """
   num_parts: int
   num_attributes: int
@@ -95,6 +106,7 @@ class Stage1Head(nn.Module):
   embedding_norm: str = "per_part"
   part_dropout: float = 0.0
   evaluation_noise: bool = False
+  background_prototypes: int = 1
 
   @nn.compact
   def __call__(self, features: jnp.ndarray, *, train: bool) -> Dict[str, Any]:
@@ -102,7 +114,9 @@ class Stage1Head(nn.Module):
     "gumbel" RNG stream is used."""
     features = features.astype(jnp.float32)
     batch, height, width, dim = features.shape
-    groups = self.num_parts + 1
+    if self.background_prototypes < 1:
+      raise ValueError(f"background_prototypes must be >= 1, got {self.background_prototypes}")
+    groups = self.num_parts + self.background_prototypes
     # A bias-free 1x1 conv's default PyTorch init: U(-1/sqrt(D), 1/sqrt(D)) per prototype.
     prototypes = self.param(
         "prototypes", nn.initializers.variance_scaling(1 / 3, "fan_in", "uniform", in_axis=-1,
@@ -118,7 +132,16 @@ class Stage1Head(nn.Module):
       logits_noisy = logits + jax.random.gumbel(self.make_rng("gumbel"), logits.shape)
     else:
       logits_noisy = logits
-    attention = jax.nn.softmax(logits_noisy / self.temperature, axis=-1)      # [B, N, K+1]
+    attention = jax.nn.softmax(logits_noisy / self.temperature, axis=-1)      # [B, N, K+M]
+    if self.background_prototypes > 1:
+      # Summing the background's softmax channels is a softmax over K+1 logits whose background
+      # logit is tau * logsumexp(s_bg / tau): the one channel the rest of the model sees.
+      k = self.num_parts
+      attention = jnp.concatenate(
+          [attention[..., :k], jnp.sum(attention[..., k:], -1, keepdims=True)], -1)
+      logits = jnp.concatenate(
+          [logits[..., :k], self.temperature * jax.nn.logsumexp(
+              logits[..., k:] / self.temperature, -1, keepdims=True)], -1)   # [B, N, K+1]
     embeddings = jnp.einsum("bnk,bnd->bkd", attention, z,
                             precision=highest) / (height * width)             # eq. 3
     if self.embedding_norm not in EMBEDDING_NORMS:
@@ -244,5 +267,6 @@ def build(config, backbone: vit.VisionTransformer, num_attributes: int) -> Stage
                     temperature=config.model.temperature,
                     embedding_norm=config.model.get("embedding_norm", "per_part"),
                     part_dropout=float(config.model.get("part_dropout", 0.0)),
-                    evaluation_noise=bool(config.model.get("evaluation_noise", False)))
+                    evaluation_noise=bool(config.model.get("evaluation_noise", False)),
+                    background_prototypes=int(config.model.get("background_prototypes", 1)))
   return Stage1(backbone, head, bool(config.model.get("trained_tokens", False)))

@@ -6,7 +6,9 @@ config.model.prototype_init:
              of the first `config.model.prototype_init_images` training images, as the
              evaluation sees them (no augmentation). The cluster holding the largest share of
              the patch grid's border ring becomes the background prototype (index K, last);
-             the others keep k-means' order.
+             the others keep k-means' order. With M background prototypes
+             (`config.model.background_prototypes`): K+M clusters, the M with the largest
+             border shares last.
 
 Why it exists: on a stand-in whose last-layer tokens do not hold the parts as their dominant
 geometry, Stage 1 from the uniform init puts one part on most of the image and its prototypes
@@ -59,31 +61,40 @@ def patch_features(stage1, frozen, source, data_config, count: int,
   return np.concatenate(chunks)
 
 
-def background_last(labels: np.ndarray, num_clusters: int) -> np.ndarray:
-  """Cluster order putting the one with the largest share of the border ring last.
+def background_last(labels: np.ndarray, num_clusters: int,
+                    num_background: int = 1) -> np.ndarray:
+  """Cluster order putting the `num_background` clusters with the largest share of the border
+  ring last.
 
   Args:
     labels: int [S, h, w], a cluster per patch.
-    num_clusters: K+1.
+    num_clusters: K+M.
+    num_background: M.
   Returns:
-    int [K+1], a permutation: the foreground clusters in their order, then the background.
+    int [K+M], a permutation: the foreground clusters in their order, then the background's
+    (the border's largest last).
   """
   height, width = labels.shape[1:]
   ring = np.zeros((height, width), bool)
   ring[0], ring[-1], ring[:, 0], ring[:, -1] = True, True, True, True
   border = np.bincount(labels[:, ring].ravel(), minlength=num_clusters)
-  background = int(np.argmax(border))
-  return np.array([c for c in range(num_clusters) if c != background] + [background])
+  # The M largest (ties to the lower index, as argmax), the largest last.
+  background = [int(c) for c in np.argsort(-border, kind="stable")[:num_background][::-1]]
+  return np.array([c for c in range(num_clusters) if c not in background] + background)
 
 
-def kmeans_prototypes(features: np.ndarray, num_parts: int, seed: int) -> np.ndarray:
-  """float32 [K+1, D]: k-means centroids of `features` [S, h, w, D], background last."""
+def kmeans_prototypes(features: np.ndarray, num_parts: int, seed: int,
+                      num_background: int = 1) -> np.ndarray:
+  """float32 [K+M, D]: k-means centroids of `features` [S, h, w, D], the M background
+  prototypes last."""
   # Imported here: scikit-learn's import costs a process ~1 s, and most runs never use it.
   from sklearn import cluster
   samples, height, width, dim = features.shape
   flat = np.asarray(features, np.float64).reshape(-1, dim)
-  kmeans = cluster.KMeans(num_parts + 1, n_init=4, random_state=int(seed)).fit(flat)
-  order = background_last(kmeans.labels_.reshape(samples, height, width), num_parts + 1)
+  clusters = num_parts + num_background
+  kmeans = cluster.KMeans(clusters, n_init=4, random_state=int(seed)).fit(flat)
+  order = background_last(kmeans.labels_.reshape(samples, height, width), clusters,
+                          num_background)
   return np.asarray(kmeans.cluster_centers_[order], np.float32)
 
 
@@ -105,11 +116,12 @@ def stage1_of(model):
 
 def initial_prototypes(model, frozen, train_source, config) -> Optional[np.ndarray]:
   """The trainer's start for Stage 1's prototypes: None for "uniform" (the model's own init),
-  float32 [K+1, D] k-means centroids for "kmeans"."""
+  float32 [K+M, D] k-means centroids for "kmeans"."""
   if check(config.model) != "kmeans":
     return None
   features = patch_features(stage1_of(model), frozen, train_source, config.data,
                             config.model.prototype_init_images)
   console.console(f"Stage 1's prototypes start at k-means centroids of {features.shape[0]} "
                   f"training images' patch features (background: the border's cluster).")
-  return kmeans_prototypes(features, model.num_parts, config.seed)
+  return kmeans_prototypes(features, model.num_parts, config.seed,
+                           int(config.model.get("background_prototypes", 1)))
