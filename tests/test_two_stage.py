@@ -414,3 +414,22 @@ def test_both_arms_start_stage1_from_the_same_parameters(mask):
   # Another key gives Stage 1 other prototypes: the equality above is not a constant init.
   other = single_model.init(jax.random.PRNGKey(8), images, frozen)
   assert not np.array_equal(other["prototypes"], single_params["prototypes"])
+
+
+def test_stage1_options_carry_over_into_every_two_stage_variant():
+  """A single- vs two-stage comparison must differ in Stage 2 alone, so each of Stage 1's
+  options set on the single-stage config reaches the two-stage model's Stage 1."""
+  single = config_lib.load_config(os.path.join(ROOT, "configs", "synthetic_single.py"), "runlocal")
+  changed = {"embedding_norm": "joint", "part_dropout": 0.1, "evaluation_noise": True,
+             "background_prototypes": 2, "prototype_init": "kmeans", "prototype_init_images": 3,
+             "trained_tokens": True}
+  assert set(changed) == set(config_lib.STAGE1_OPTIONS)
+  for key, value in changed.items():
+    single.model[key] = value
+  backbone = vit.VisionTransformer(CONFIG)
+  for mask in two_stage.MASKS:
+    two = config_lib.two_stage(single, mask)
+    assert {k: two.model[k] for k in changed} == changed
+    head = stage1_lib.build(two, backbone, A).head
+    assert (head.embedding_norm, head.part_dropout, head.evaluation_noise,
+            head.background_prototypes) == ("joint", 0.1, True, 2)
