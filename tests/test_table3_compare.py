@@ -51,6 +51,24 @@ def test_an_arm_on_another_world_is_refused(tmp_path):
     compare.compare(compare.read_run(base), [("other", compare.read_run(other))])
 
 
+def test_a_screen_on_one_seed_reads_that_seed_alone_and_refuses_a_run_without_it(tmp_path,
+                                                                                capsys):
+  base = _run(tmp_path, "base", {0: 10.0, 1: 20.0, 2: 30.0})
+  screen = _run(tmp_path, "screen", {0: 14.0}, norm="joint")
+  with pytest.raises(ValueError, match="differs from the baseline in seeds"):
+    compare.compare(compare.read_run(base), [("joint", compare.read_run(screen))])
+  result = compare.compare(compare.read_run(base), [("joint", compare.read_run(screen))],
+                           seeds=[0])
+  assert result["paired"]["joint"]["NMI"]["differences"] == [4.0]
+  assert result["summary"]["baseline"]["NMI"]["mean"] == pytest.approx(10.0)
+  assert result["seeds"] == [0] and result["runs"] == {"baseline": 1, "joint": 1}
+  assert result["changes"]["joint"] == ["single.model.embedding_norm: 'per_part' -> 'joint'"]
+  with pytest.raises(ValueError, match=r"'joint' has no 'single' row of run seed\(s\) \[1\]"):
+    compare.compare(compare.read_run(base), [("joint", compare.read_run(screen))], seeds=[0, 1])
+  assert compare.main(["--baseline", base, "--arm", f"joint={screen}", "--seeds", "0"]) == 0
+  assert "run seeds [0]" in capsys.readouterr().out
+
+
 def test_a_run_collapses_on_one_channel_or_a_background_far_from_the_truth():
   assert not compare.collapsed({"max_part_share": 0.5, "background_share": 0.7,
                                 "background_share_true": 0.8})

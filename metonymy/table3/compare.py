@@ -1,12 +1,14 @@
 r"""Counterfactual arms of the Table-3 job against a baseline run, paired by run seed.
 
   python -m metonymy.table3.compare --baseline=DIR_A --arm=joint=DIR_B --arm=dropout=DIR_C \
-      [--variant=single] [--output=FILE.md]
+      [--variant=single] [--seeds=0,1] [--output=FILE.md]
 
 Each DIR is a finished Table-3 workdir (its results.json and config.json) of the same world,
 stand-in and run seeds, run with one override changed (e.g. `--config.single.model.
 embedding_norm=joint`); an arm whose world, stand-in or run seeds differ from the baseline's is
-refused, since its differences would not be the override's alone. The report gives, per arm:
+refused, since its differences would not be the override's alone; with `--seeds` every run is
+read on those run seeds alone (a screen on one seed against a baseline that has run three), and
+a run without one of them is refused. The report gives, per arm:
 the config keys it changes; the mean over run seeds of NMI / ARI (background included, and
 foreground only), Stage-1 attribute mAP, the largest part share, the background channel's share
 against the truth's and the share of the true object it takes, coverage and area ratio, the
@@ -23,7 +25,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from metonymy import reporting
 from metonymy.table3 import stats
@@ -87,22 +89,30 @@ def _shared(run: Dict) -> Dict:
           "seeds": results.get("seeds")}
 
 
-def compare(baseline: Dict, arms: Sequence[Tuple[str, Dict]], variant: str = "single") -> Dict:
+def compare(baseline: Dict, arms: Sequence[Tuple[str, Dict]], variant: str = "single",
+            seeds: Optional[Sequence[int]] = None) -> Dict:
   """The comparison of `arms` [(name, read_run(dir))] against `baseline` (read_run), on the
-  rows of `variant`."""
+  rows of `variant`; with `seeds`, on those run seeds' rows alone, which every run must have."""
   base_shared = _shared(baseline)
+  shared_keys = [k for k in SHARED if seeds is None or k != "seeds"]
   rows, changes, grads = [], {}, {}
   for name, run in [("baseline", baseline)] + list(arms):
     shared = _shared(run)
-    differ = [key for key in SHARED if shared[key] != base_shared[key]]
+    differ = [key for key in shared_keys if shared[key] != base_shared[key]]
     if differ:
       raise ValueError(f"arm {name!r} differs from the baseline in {', '.join(differ)}: its "
                        "differences would not be its override's alone.")
     mine = [dict(r, variant=name) for r in run["results"]["rows"] if r["variant"] == variant]
+    if seeds is not None:
+      missing = sorted(set(seeds) - {r["seed"] for r in mine})
+      if missing:
+        raise ValueError(f"arm {name!r} has no {variant!r} row of run seed(s) {missing}.")
+      mine = [r for r in mine if r["seed"] in seeds]
     if not mine:
       raise ValueError(f"arm {name!r} has no {variant!r} rows.")
     rows += mine
-    changes[name] = config_changes(baseline["config"], run["config"])
+    changes[name] = [c for c in config_changes(baseline["config"], run["config"])
+                     if seeds is None or not c.startswith("seeds:")]
     terms = sorted({t for r in mine for t in (r.get("grad_norm_start") or {})})
     grads[name] = {t: stats.mean_sd([(r.get("grad_norm_start") or {}).get(t) for r in mine])
                    for t in terms}
@@ -120,7 +130,8 @@ def compare(baseline: Dict, arms: Sequence[Tuple[str, Dict]], variant: str = "si
       "position_baseline": stats.position_baseline(rows),
       "chance_mAP": baseline["results"].get("chance_mAP"),
       "world_seed": baseline["results"].get("world_seed"),
-      "stand_in": base_shared["stand_in"], "seeds": base_shared["seeds"],
+      "stand_in": base_shared["stand_in"],
+      "seeds": base_shared["seeds"] if seeds is None else sorted(seeds),
   }
 
 
@@ -174,6 +185,9 @@ def main(argv=None) -> int:
   parser.add_argument("--arm", action="append", default=[], metavar="NAME=DIR",
                       help="an arm's name and Table-3 workdir (repeatable)")
   parser.add_argument("--variant", default="single", help="the variant compared")
+  parser.add_argument("--seeds", default="", help="compare on these run seeds alone "
+                      "(comma-separated; every run must have them); default: the runs' own, "
+                      "which must agree")
   parser.add_argument("--output", default="", help="also write the report here (.md; the "
                       "numbers beside it as .json)")
   args = parser.parse_args(argv)
@@ -184,7 +198,12 @@ def main(argv=None) -> int:
       parser.error(f"--arm={spec!r}: expected NAME=DIR.")
     arms.append((name, workdir))
   try:
-    result = compare(read_run(args.baseline), [(n, read_run(d)) for n, d in arms], args.variant)
+    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+  except ValueError:
+    parser.error(f"--seeds={args.seeds!r}: expected comma-separated integers, e.g. 0,1.")
+  try:
+    result = compare(read_run(args.baseline), [(n, read_run(d)) for n, d in arms], args.variant,
+                     seeds)
   except (FileNotFoundError, ValueError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
