@@ -169,6 +169,9 @@ def test_configs_load_and_refuse_unknown_args():
   assert variants.training_config(full, "hard_none").model.stage2.hard_gradient == "none"
   assert variants.protocol(full, variants.training_config(full, "ste"))[
       "stage2_feedback_scale"] == 30.0
+  full.single.model.background_prototypes = 3
+  options = variants.protocol(full, variants.training_config(full, "ste"))["stage1_options"]
+  assert set(options) == set(config_lib.STAGE1_OPTIONS) and options["background_prototypes"] == 3
 
 
 def test_readme_block_says_whether_the_machine_was_shared():
@@ -222,6 +225,15 @@ def test_readme_block_says_whether_the_machine_was_shared():
   assert "Stage 2's gradient into Stage 1 scaled by 30" in report._setting(results)
   results["protocol"]["stage2_feedback_scale"] = 1.0
   assert "scaled by" not in report._setting(results)
+  # Stage 1's options are named, in the setting and the command, where they are not the
+  # defaults (a counterfactual's model), and not otherwise.
+  defaults = config_lib.stage1_model(num_parts=5)
+  results["protocol"]["stage1_options"] = {k: defaults[k] for k in config_lib.STAGE1_OPTIONS}
+  assert "Stage 1 with" not in report.readme_block(results)
+  results["protocol"]["stage1_options"].update(background_prototypes=3)
+  assert ", Stage 1 with background prototypes 3;" in report._setting(results)
+  assert ("--config.single.model.background_prototypes=3 --config.readme=README.md"
+          in report.readme_block(results))
 
 
 def test_each_world_seed_writes_its_own_readme_block(tmp_path):

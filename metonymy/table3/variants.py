@@ -44,7 +44,8 @@ def training_config(config, variant: str) -> ml_collections.ConfigDict:
 
 def protocol(config, training) -> Dict:
   """The training protocol every variant shares, as run: epochs of the train split, steps, batch,
-  the learning rates at that batch, the priors' weights, the evaluation split."""
+  the learning rates at that batch, the priors' weights, the evaluation split, Stage 1's options
+  (config_lib.STAGE1_OPTIONS)."""
   data = training.data
   examples = int(data.train_examples) or int(dict(data.options.splits)["train"])
   per_epoch = pipeline.num_batches(examples, int(data.batch_size), train=True, shard_count=1)
@@ -63,7 +64,9 @@ def protocol(config, training) -> Dict:
           "loss_weights": dict(training.loss.weights), "eval_split": data.eval_split,
           "eval_examples": int(data.eval_examples), "image_size": int(data.image_size),
           "term_gradient_batches": int(training.trainer.get("term_gradient_batches", 0)),
-          "stage2_feedback_scale": feedback_scale(config)}
+          "stage2_feedback_scale": feedback_scale(config),
+          "stage1_options": {k: training.model[k] for k in config_lib.STAGE1_OPTIONS
+                             if k in training.model}}
 
 
 def run_dir(workdir: Workdir, variant: str, seed: int) -> Workdir:
