@@ -191,7 +191,7 @@ MUTANTS: Sequence[Mutant] = (
            ("tests/test_import_timm_style.py::test_parity_plain_and_early",),
            "torch fused qkv split into heads along the wrong axis"),
     Mutant("kmeans_background_least_border", "metonymy/training/prototype_init.py",
-           (("background = int(np.argmax(border))", "background = int(np.argmin(border))"),),
+           (("np.argsort(-border, kind=\"stable\")", "np.argsort(border, kind=\"stable\")"),),
            ("tests/test_prototype_init.py::"
             "test_the_background_is_the_cluster_holding_the_border_ring",),
            "the k-means start makes the cluster with the least border the background"),
