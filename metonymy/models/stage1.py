@@ -90,8 +90,9 @@ class Stage1Head(nn.Module):
       Gumbel-Softmax operation"; PDiscoFormer's model adds the noise in eval mode as well.
       False: evaluation maps are the noise-free softmax, so a model's scores do not depend on a
       noise draw.
-    background_prototypes: M, how many prototypes the background has. The paper has one: "K+1
-      learnable prototypes (K parts plus background)" as PDiscoFormer, which is the default.
+    background_prototypes: M, how many prototypes the background has. The paper has one: "maps
+      A in [0,1]^((K+1) x H x W) (where the (K+1)-th map represents the background) by comparing
+      patch features to learnable prototypes p^k", one per map, as PDiscoFormer: the default.
       With M > 1 the softmax runs over K+M prototypes and the background channel is the sum of
       the last M (its logit their log-sum-exp, so the maps stay a softmax of `part_logits`);
       everything after the maps (pooling, the LayerNorm, the priors, Stage 2) sees K+1 channels
