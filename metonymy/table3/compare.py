@@ -111,8 +111,9 @@ def compare(baseline: Dict, arms: Sequence[Tuple[str, Dict]], variant: str = "si
     if not mine:
       raise ValueError(f"arm {name!r} has no {variant!r} rows.")
     rows += mine
-    changes[name] = [c for c in config_changes(baseline["config"], run["config"])
-                     if seeds is None or not c.startswith("seeds:")]
+    # With `seeds` the runs' own seed lists are not what the arm changes.
+    unseeded = lambda c: {k: v for k, v in c.items() if seeds is None or k != "seeds"}
+    changes[name] = config_changes(unseeded(baseline["config"]), unseeded(run["config"]))
     terms = sorted({t for r in mine for t in (r.get("grad_norm_start") or {})})
     grads[name] = {t: stats.mean_sd([(r.get("grad_norm_start") or {}).get(t) for r in mine])
                    for t in terms}
